@@ -1,0 +1,87 @@
+/*
+ * fastattn.h -- the C contract of fastattn's kernels (the one header Cython sees).
+ *
+ * Every kernel works on C-contiguous float32 buffers described by int64 sizes and
+ * element offsets/strides, returns an int status (FA_OK or a negative FA_ERR_*),
+ * never prints, aborts or touches Python, and frees everything it allocates.
+ */
+#ifndef FASTATTN_H
+#define FASTATTN_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Status codes. */
+#define FA_OK 0
+#define FA_ERR_ARG (-1)      /* an argument is out of its domain */
+#define FA_ERR_NOMEM (-2)    /* an allocation failed */
+#define FA_ERR_INTERNAL (-3) /* a broken invariant: a bug */
+
+/* Row-wise reductions of fa_rowwise_f32. */
+#define FA_OP_SOFTMAX 0
+#define FA_OP_LOG_SOFTMAX 1
+#define FA_OP_LOGSUMEXP 2
+
+/* Mask kinds of fa_attn_args. */
+#define FA_MASK_NONE 0
+#define FA_MASK_BOOL 1  /* uint8 0/1, 1 = may attend */
+#define FA_MASK_FLOAT 2 /* float32 added to the scores; -inf masks */
+
+/*
+ * op over each of the nrows contiguous rows of length n of x.
+ * softmax / log_softmax: out has nrows * n elements; logsumexp: nrows elements.
+ * nthreads >= 1 is an upper bound; small problems run on one thread.
+ */
+int fa_rowwise_f32(const float *x, float *out, int64_t nrows, int64_t n, int op,
+                   int nthreads);
+
+/*
+ * Scaled dot-product attention over nbatch independent (L, S) problems.
+ * Batch item b reads q + q_off[b] (L x D, row-major), k + k_off[b] (S x D),
+ * v + v_off[b] (S x Dv) and mask element (i, j) at mask_off[b] + i * mask_sl +
+ * j * mask_ss (strides may be 0: broadcast masks are read in place).
+ * Query row i sits at key position p = i + S - L (bottom-right alignment); key j
+ * is allowed iff the bool mask is true, !is_causal || j <= p,
+ * win_left < 0 || j >= p - win_left and win_right < 0 || j <= p + win_right.
+ */
+typedef struct {
+    int64_t nbatch, L, S, D, Dv;
+    const float *q;
+    const float *k;
+    const float *v;
+    const int64_t *q_off;
+    const int64_t *k_off;
+    const int64_t *v_off;
+    int mask_kind;
+    const uint8_t *bool_mask;  /* FA_MASK_BOOL */
+    const float *float_mask;   /* FA_MASK_FLOAT */
+    const int64_t *mask_off;   /* per batch item; NULL when mask_kind is NONE */
+    int64_t mask_sl, mask_ss;  /* element strides along L and S */
+    int is_causal;
+    int64_t win_left, win_right; /* < 0: unbounded */
+    float scale;
+} fa_attn_args;
+
+/* out: nbatch * L * Dv floats (row-major); lse: nbatch * L floats or NULL. */
+int fa_sdpa_f32(const fa_attn_args *a, float *out, float *lse, int nthreads);
+
+/* weights: nbatch * L * S floats, the softmax weights of the same computation. */
+int fa_attention_weights_f32(const fa_attn_args *a, float *weights, int nthreads);
+
+/* y[i] = exp(x[i]) with the exponential the kernels use (exposed for testing). */
+int fa_exp_f32(const float *x, float *y, int64_t n);
+
+/* Build and runtime facts for show_config(). */
+int fa_built_with_openmp(void);
+int fa_omp_max_threads(void);
+const char *fa_compiler(void);
+const char *fa_simd_kernel(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FASTATTN_H */

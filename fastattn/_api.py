@@ -1,0 +1,605 @@
+"""The public functions of fastattn: checks, shaping and docstrings.
+
+Python validates and shapes (fastattn._validate), fastattn._core releases the
+GIL and calls one C entry point, and C works on contiguous float32 buffers.
+"""
+import numpy as np
+
+from fastattn import _core
+from fastattn._validate import (
+    as_float32,
+    attention_inputs,
+    check_out,
+    check_window_size,
+    normalize_axis,
+)
+
+__all__ = [
+    "softmax",
+    "log_softmax",
+    "logsumexp",
+    "scaled_dot_product_attention",
+    "causal_attention",
+    "sliding_window_attention",
+    "attention_weights",
+    "set_num_threads",
+    "get_num_threads",
+]
+
+# ----------------------------------------------------------------------------
+# Threads
+
+_num_threads = None  # set_num_threads(n); None = OpenMP's default
+
+
+def set_num_threads(n):
+    """Set the number of OpenMP threads fastattn's kernels may use.
+
+    Parameters
+    ----------
+    n : int or None
+        A count >= 1, or None to return to OpenMP's default (``OMP_NUM_THREADS``,
+        or a ``threadpoolctl.threadpool_limits(..., user_api="openmp")`` limit,
+        read at each call).
+
+    Raises
+    ------
+    TypeError
+        If `n` is not an int or None.
+    ValueError
+        If `n` < 1.
+
+    Notes
+    -----
+    The setting is fastattn's alone and process-wide; like
+    ``torch.set_num_threads`` it takes priority over threadpoolctl limits.
+    Results are bitwise identical for every thread count.
+
+    Examples
+    --------
+    >>> import fastattn
+    >>> fastattn.set_num_threads(1)
+    >>> fastattn.get_num_threads()
+    1
+    >>> fastattn.set_num_threads(None)
+    """
+    global _num_threads
+    if n is None:
+        _num_threads = None
+        return
+    if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)):
+        raise TypeError(f"n must be an int >= 1 or None, got {type(n).__name__}")
+    if n < 1:
+        raise ValueError(f"n must be an int >= 1 or None, got {n}")
+    _num_threads = int(n)
+
+
+def get_num_threads():
+    """The number of threads fastattn's kernels may use for the next call.
+
+    Returns
+    -------
+    int
+        The value given to :func:`set_num_threads`, or else OpenMP's current
+        default (``omp_get_max_threads()``, which honours ``OMP_NUM_THREADS`` and
+        threadpoolctl); 1 in a build without OpenMP. Problems too small to gain
+        from threads run on one thread whatever this says.
+    """
+    if _num_threads is not None:
+        return _num_threads
+    return max(1, int(_core.omp_max_threads()))
+
+
+# ----------------------------------------------------------------------------
+# softmax, log_softmax, logsumexp
+
+_ROWWISE_NOTES = """
+    With ``m = max(x)`` over each slice along `axis` (never overflows, at any
+    magnitude; the largest entry gets a finite weight):
+    ``softmax = exp(x - m) / sum(exp(x - m))``,
+    ``log_softmax = (x - m) - log(sum(exp(x - m)))``,
+    ``logsumexp = m + log(sum(exp(x - m)))``.
+    Non-finite values follow IEEE arithmetic on that formula, as
+    ``scipy.special`` does: a NaN makes its whole slice NaN; a +inf makes the
+    softmax and log_softmax slice NaN and logsumexp +inf; -inf entries next to a
+    finite one get weight exactly 0 (log_softmax -inf); an all -inf slice gives
+    softmax NaN, log_softmax NaN, logsumexp -inf. An empty slice gives
+    logsumexp -inf.
+
+    The computation is float32 with float64 sums; each element is within a few
+    float32 ulps of the float64 value. The slices are split over OpenMP
+    threads; results do not depend on the thread count. Time O(x.size), no
+    working memory beyond a contiguous copy when `x` is not C-contiguous
+    float32 or `axis` is not the last.
+"""
+
+
+def _rowwise(x, axis, out, op, keepdims=False):
+    xa = as_float32(x, "x")
+    ax = normalize_axis(axis, xa.ndim)
+    if op == _core.OP_LOGSUMEXP:
+        shape = list(xa.shape)
+        if keepdims:
+            shape[ax] = 1
+        else:
+            del shape[ax]
+        shape = tuple(shape)
+    else:
+        shape = xa.shape
+    if out is not None:
+        check_out(out, shape, [("x", x), ("x", xa)])
+    rows = np.ascontiguousarray(np.moveaxis(xa, ax, -1))
+    n = rows.shape[-1]
+    nrows = int(np.prod(rows.shape[:-1], dtype=np.int64))
+    last = ax == xa.ndim - 1
+    if op == _core.OP_LOGSUMEXP or last:
+        # The result's memory order is that of `rows`: write it in place.
+        result = out if out is not None else np.empty(shape, np.float32)
+        _core.rowwise(rows.reshape(-1), result.reshape(-1), nrows, n, op, get_num_threads())
+        return result
+    tmp = np.empty(rows.shape, np.float32)
+    _core.rowwise(rows.reshape(-1), tmp.reshape(-1), nrows, n, op, get_num_threads())
+    moved = np.moveaxis(tmp, -1, ax)
+    if out is None:
+        return np.ascontiguousarray(moved)
+    np.copyto(out, moved)
+    return out
+
+
+def softmax(x, axis=-1, *, out=None):
+    """Numerically stable softmax along an axis.
+
+    Parameters
+    ----------
+    x : array_like, shape (...), real floating dtype
+        Input; converted to float32 (no copy when C-contiguous float32).
+    axis : int, default -1
+        The axis along which the weights sum to 1; negative counts from the end.
+    out : ndarray, optional
+        Writeable, C-contiguous float32 array of shape ``x.shape``, not sharing
+        memory with `x`; receives the result and is returned.
+
+    Returns
+    -------
+    ndarray, float32, shape ``x.shape``
+        ``exp(x - m) / sum(exp(x - m))`` along `axis`.
+
+    Raises
+    ------
+    TypeError
+        If `x` is not of a real floating dtype, `axis` is not an int, or `out`
+        is not a float32 ndarray.
+    numpy.exceptions.AxisError
+        If `axis` is out of range or `x` is 0-d.
+    ValueError
+        If `out` has the wrong shape, is not C-contiguous or writeable, or
+        shares memory with `x`.
+
+    Notes
+    -----{notes}
+    References
+    ----------
+    .. [1] J. S. Bridle, "Probabilistic interpretation of feedforward
+       classification network outputs", 1990 (the softmax).
+
+    Examples
+    --------
+    >>> import numpy as np, fastattn
+    >>> fastattn.softmax(np.array([1.0, 2.0, 3.0])).round(4)
+    array([0.09  , 0.2447, 0.6652], dtype=float32)
+    >>> fastattn.softmax(np.array([1e30, -np.inf, 0.0]))
+    array([1., 0., 0.], dtype=float32)
+    """
+    return _rowwise(x, axis, out, _core.OP_SOFTMAX)
+
+
+def log_softmax(x, axis=-1, *, out=None):
+    """Numerically stable log of the softmax along an axis.
+
+    Parameters
+    ----------
+    x : array_like, shape (...), real floating dtype
+        Input; converted to float32 (no copy when C-contiguous float32).
+    axis : int, default -1
+        The axis of the softmax; negative counts from the end.
+    out : ndarray, optional
+        Writeable, C-contiguous float32 array of shape ``x.shape``, not sharing
+        memory with `x`; receives the result and is returned.
+
+    Returns
+    -------
+    ndarray, float32, shape ``x.shape``
+        ``(x - m) - log(sum(exp(x - m)))`` along `axis`.
+
+    Raises
+    ------
+    TypeError
+        If `x` is not of a real floating dtype, `axis` is not an int, or `out`
+        is not a float32 ndarray.
+    numpy.exceptions.AxisError
+        If `axis` is out of range or `x` is 0-d.
+    ValueError
+        If `out` has the wrong shape, is not C-contiguous or writeable, or
+        shares memory with `x`.
+
+    Notes
+    -----{notes}
+    Examples
+    --------
+    >>> import numpy as np, fastattn
+    >>> fastattn.log_softmax(np.array([0.0, 0.0])).round(4)
+    array([-0.6931, -0.6931], dtype=float32)
+    """
+    return _rowwise(x, axis, out, _core.OP_LOG_SOFTMAX)
+
+
+def logsumexp(x, axis=-1, *, keepdims=False, out=None):
+    """Numerically stable ``log(sum(exp(x)))`` along an axis.
+
+    Parameters
+    ----------
+    x : array_like, shape (...), real floating dtype
+        Input; converted to float32 (no copy when C-contiguous float32).
+    axis : int, default -1
+        The axis reduced; negative counts from the end.
+    keepdims : bool, default False
+        Keep the reduced axis with length 1, as in NumPy reductions.
+    out : ndarray, optional
+        Writeable, C-contiguous float32 array of the result's shape, not
+        sharing memory with `x`; receives the result and is returned.
+
+    Returns
+    -------
+    ndarray, float32, shape ``x.shape`` without `axis` (length 1 with keepdims)
+        ``m + log(sum(exp(x - m)))`` along `axis`.
+
+    Raises
+    ------
+    TypeError
+        If `x` is not of a real floating dtype, `axis` is not an int, or `out`
+        is not a float32 ndarray.
+    numpy.exceptions.AxisError
+        If `axis` is out of range or `x` is 0-d.
+    ValueError
+        If `out` has the wrong shape, is not C-contiguous or writeable, or
+        shares memory with `x`.
+
+    Notes
+    -----{notes}
+    Examples
+    --------
+    >>> import numpy as np, fastattn
+    >>> fastattn.logsumexp(np.array([[0.0, 0.0], [1e30, 1e30]])).round(4)
+    array([6.931e-01, 1.000e+30], dtype=float32)
+    >>> fastattn.logsumexp(np.zeros((2, 0)))
+    array([-inf, -inf], dtype=float32)
+    """
+    keepdims = bool(keepdims)
+    return _rowwise(x, axis, out, _core.OP_LOGSUMEXP, keepdims=keepdims)
+
+
+for _f in (softmax, log_softmax, logsumexp):
+    _f.__doc__ = _f.__doc__.replace("{notes}", _ROWWISE_NOTES)
+del _f
+
+# ----------------------------------------------------------------------------
+# Attention
+
+
+def _offsets(arr, shape):
+    """Where C-contiguous `arr`, broadcast to `shape`, keeps its data: the element
+    offset of each trailing 2-d block (flattened over the leading dims of
+    `shape`) and the element strides of its two last axes (0 where broadcast)."""
+    strides = [st // arr.itemsize for st in np.broadcast_to(arr, shape).strides]
+    batch = shape[:-2]
+    offsets = np.zeros(batch, dtype=np.int64)
+    for axis, (n, stride) in enumerate(zip(batch, strides[:-2])):
+        index_shape = [1] * len(batch)
+        index_shape[axis] = n
+        offsets = offsets + (np.arange(n, dtype=np.int64) * stride).reshape(index_shape)
+    return offsets, strides[-2], strides[-1]
+
+
+def _kv_offsets(arr, a):
+    """Offsets of k's or v's (S, .) block for each output batch item. Under GQA
+    query head h reads kv head h // group: an index map, k and v are never
+    repeated."""
+    if a.group == 1:
+        return _offsets(arr, a.batch + arr.shape[-2:])[0].reshape(-1)
+    Hq = a.batch[-1]
+    per_kv_head = _offsets(arr, a.batch[:-1] + (Hq // a.group,) + arr.shape[-2:])[0]
+    return np.ascontiguousarray(per_kv_head[..., np.arange(Hq) // a.group]).reshape(-1)
+
+
+def _run_attention(a, result, lse=None, weights=False):
+    """Run the attention kernel on validated inputs `a` (AttentionInputs) into
+    `result` (the output, or the weights when `weights`) and `lse`."""
+    nbatch = int(np.prod(a.batch, dtype=np.int64))
+    flat_mask, mask_off, mask_sl, mask_ss = None, np.zeros(0, np.int64), 0, 0
+    if a.mask is not None:
+        mask_off, mask_sl, mask_ss = _offsets(a.mask, a.batch + (a.L, a.S))
+        mask_off = mask_off.reshape(-1)
+        flat = a.mask.reshape(-1)
+        flat_mask = flat.view(np.uint8) if flat.dtype == np.bool_ else flat
+    left, right = a.window
+    reach = a.L + a.S + 1  # a window side wider than this is unbounded
+    v = a.v if a.v is not None else np.zeros((1, 0), np.float32)
+    _core.attention(
+        a.q.reshape(-1), a.k.reshape(-1), v.reshape(-1),
+        _offsets(a.q, a.batch + a.q.shape[-2:])[0].reshape(-1),
+        _kv_offsets(a.k, a), _kv_offsets(v, a) if a.v is not None else np.zeros(nbatch, np.int64),
+        nbatch, a.L, a.S, a.D, a.Dv,
+        flat_mask, mask_off, mask_sl, mask_ss, a.is_causal,
+        -1 if left is None else min(left, reach), -1 if right is None else min(right, reach),
+        a.scale, result.reshape(-1), None if lse is None else lse.reshape(-1),
+        get_num_threads(), weights,
+    )
+
+
+_ATTENTION_RULES = """
+    Scores are ``s_ij = scale * (q_i . k_j)``, plus ``attn_mask[..., i, j]``
+    for a float mask. Query row ``i`` sits at key position
+    ``p_i = i + S - L`` (bottom-right alignment, as in FlashAttention >= 2.1 and
+    MLX: the last query lines up with the last key). Key ``j`` is allowed for
+    query ``i`` iff the bool mask is True there, ``j <= p_i`` when
+    `is_causal`, and ``p_i - left <= j <= p_i + right`` for
+    ``window=(left, right)`` (None = unbounded); the constraints intersect. A
+    float mask entry of -inf masks its key exactly like a bool False.
+
+    Weights are the softmax of the allowed scores (Vaswani et al. 2017).
+    A key whose score is -inf (not allowed, float-masked, or a -inf product)
+    gets weight exactly 0 and its rows of k's scores and v are never used, so
+    NaN or inf there cannot change the result. Per row, with m the max of the
+    allowed scores: no allowed key, or m = -inf, gives an output row of 0 and
+    lse -inf (never NaN); a NaN among the allowed scores gives a NaN row (lse
+    NaN); m = +inf gives a NaN row and lse +inf.
+"""
+
+
+def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, window=None,
+                                 scale=None, enable_gqa=False, return_lse=False, out=None):
+    """Scaled dot-product attention, fused, tiled and exact in float32.
+
+    ``softmax(scale * q @ k.T + mask) @ v`` over the allowed keys, computed
+    tile by tile with an online softmax: no (L, S) matrix is ever formed.
+
+    Parameters
+    ----------
+    q : array_like, shape (..., L, D), real floating dtype
+        Queries; with `enable_gqa`, shape (..., Hq, L, D).
+    k : array_like, shape (..., S, D), real floating dtype
+        Keys; with `enable_gqa`, shape (..., Hkv, S, D).
+    v : array_like, shape (..., S, Dv), real floating dtype
+        Values; with `enable_gqa`, shape (..., Hkv, S, Dv).
+        The leading dims of q, k and v broadcast by NumPy rules (``k`` of shape
+        (B, 1, S, D) serves every head: multi-query attention). All are
+        converted to float32 (no copy when already C-contiguous float32).
+    attn_mask : array_like of bool or real floating dtype, optional
+        Broadcastable to (..., L, S). Bool: True = may attend. Float: added
+        to the scores (-inf masks). Read in place, with zero strides where
+        broadcast: never expanded per batch or head.
+    is_causal : bool, default False
+        Allow key ``j`` only when ``j <= p_i`` (bottom-right aligned).
+    window : (int or None, int or None), optional
+        ``(left, right)``: allow ``p_i - left <= j <= p_i + right``; None on a
+        side is unbounded. FlashAttention's ``window_size=(l, r)`` with -1 for
+        unbounded is ``window=(l, r)`` with None.
+    scale : float, optional
+        Score scale; default ``1 / sqrt(D)``. Any finite value, 0 included
+        (equal weights over the allowed keys).
+    enable_gqa : bool, default False
+        Grouped-query attention: the head axis is -3 and query head ``h``
+        reads kv head ``h // (Hq // Hkv)``; k and v are never repeated.
+    return_lse : bool, default False
+        Also return ``lse[..., i] = log(sum over allowed j of exp(s_ij))``
+        (natural log), so results over disjoint key sets can be merged exactly.
+    out : ndarray, optional
+        Writeable, C-contiguous float32 array of shape (..., L, Dv), not sharing
+        memory with any input; receives the output and is returned.
+
+    Returns
+    -------
+    out : ndarray, float32, shape (..., L, Dv)
+        The attention output.
+    lse : ndarray, float32, shape (..., L)
+        Only with `return_lse`: returned as ``(out, lse)``.
+
+    Raises
+    ------
+    TypeError
+        If an input is not of a real floating dtype (a mask: bool or real
+        floating), `scale` is not a real number, `is_causal`, `enable_gqa` are
+        not bools, or `out` is not a float32 ndarray.
+    ValueError
+        If an input has fewer than 2 dimensions, D < 1, q's and k's D differ,
+        k's and v's S differ, leading dims or the mask do not broadcast, heads
+        do not divide under `enable_gqa`, `scale` is not finite, `window` is not
+        a pair of ints >= 0 or None, or `out` has the wrong shape or layout, is
+        read-only or overlaps an input.
+    MemoryError
+        If the kernel's working memory (O(threads x tile)) cannot be allocated.
+
+    Notes
+    -----{rules}
+    The result is bitwise identical for every thread count, and a query row's
+    result does not depend on the other rows, batches or heads of the call.
+    Work is parallel over (batch x heads, query tiles) with the GIL released;
+    key tiles wholly outside the causal or window bounds are skipped, so
+    causal attention costs about half of full attention and a window of w
+    keys costs O(L w D). Working memory is O(threads x tile).
+
+    References
+    ----------
+    .. [1] A. Vaswani et al., "Attention Is All You Need", NeurIPS 2017.
+    .. [2] T. Dao et al., "FlashAttention: Fast and Memory-Efficient Exact
+       Attention with IO-Awareness", NeurIPS 2022 (tiling, online softmax).
+    .. [3] J. Ainslie et al., "GQA: Training Generalized Multi-Query
+       Transformer Models from Multi-Head Checkpoints", EMNLP 2023.
+
+    Examples
+    --------
+    The worked example every explanation of attention starts from (scale 1/sqrt(2)):
+
+    >>> import numpy as np, fastattn
+    >>> q = np.array([[1.0, 0.0]])
+    >>> k = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    >>> v = np.array([[10.0, 0.0], [0.0, 10.0], [5.0, 5.0]])
+    >>> o = fastattn.scaled_dot_product_attention(q, k, v)
+    >>> o.shape, o.round(4)
+    ((1, 2), array([[6.0167, 3.9833]], dtype=float32))
+
+    Causal attention with a KV cache: 2 new queries over 5 keys, bottom-right
+    aligned, and the log-sum-exp of each row:
+
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = rng.standard_normal((2, 4)), rng.standard_normal((5, 4)), rng.standard_normal((5, 3))
+    >>> o, lse = fastattn.scaled_dot_product_attention(q, k, v, is_causal=True, return_lse=True)
+    >>> o.shape, lse.shape
+    ((2, 3), (2,))
+    """
+    a = attention_inputs(q, k, v, attn_mask, is_causal, window, scale, enable_gqa)
+    shape = a.batch + (a.L, a.Dv)
+    if out is not None:
+        check_out(out, shape, [("q", q), ("k", k), ("v", v), ("attn_mask", attn_mask),
+                               ("q", a.q), ("k", a.k), ("v", a.v), ("attn_mask", a.mask)])
+    else:
+        out = np.empty(shape, np.float32)
+    return_lse = bool(return_lse)
+    lse = np.empty(a.batch + (a.L,), np.float32) if return_lse else None
+    _run_attention(a, out, lse)
+    return (out, lse) if return_lse else out
+
+
+def causal_attention(q, k, v, attn_mask=None, **kwargs):
+    """Causal scaled dot-product attention: ``is_causal=True``.
+
+    Query row ``i`` attends to keys ``j <= i + S - L`` (bottom-right aligned).
+    PyTorch's ``is_causal=True`` with ``L != S`` is top-left aligned instead:
+    pass ``attn_mask=np.tril(np.ones((L, S), bool))`` to
+    :func:`scaled_dot_product_attention` for that.
+
+    Parameters
+    ----------
+    q, k, v, attn_mask
+        As in :func:`scaled_dot_product_attention`.
+    **kwargs
+        Any other keyword of :func:`scaled_dot_product_attention` except
+        `is_causal`.
+
+    Returns
+    -------
+    ndarray or (ndarray, ndarray)
+        As :func:`scaled_dot_product_attention`.
+
+    Raises
+    ------
+    TypeError
+        If `is_causal` is passed, and as :func:`scaled_dot_product_attention`.
+    ValueError
+        As :func:`scaled_dot_product_attention`.
+
+    Examples
+    --------
+    >>> import numpy as np, fastattn
+    >>> q = k = np.eye(3)
+    >>> v = np.array([[1.0], [2.0], [3.0]])
+    >>> fastattn.causal_attention(q, k, v)[0]  # the first query sees only key 0
+    array([1.], dtype=float32)
+    """
+    if "is_causal" in kwargs:
+        raise TypeError("causal_attention() got an unexpected keyword argument 'is_causal'")
+    return scaled_dot_product_attention(q, k, v, attn_mask, is_causal=True, **kwargs)
+
+
+def sliding_window_attention(q, k, v, window_size, attn_mask=None, **kwargs):
+    """Causal attention over a sliding window of `window_size` keys.
+
+    Each query sees itself and the ``window_size - 1`` keys before it:
+    ``window=(window_size - 1, 0)``, which is Mistral's / Hugging Face's
+    ``sliding_window=W`` and llama.cpp's ``n_swa=W`` for ``window_size=W``.
+    (ONNX Runtime's ``local_window_size=w`` is ``window=(w, 0)`` instead.)
+
+    Parameters
+    ----------
+    q, k, v, attn_mask
+        As in :func:`scaled_dot_product_attention`.
+    window_size : int
+        Keys seen by each query, itself included; >= 1.
+    **kwargs
+        Any other keyword of :func:`scaled_dot_product_attention` except
+        `window`.
+
+    Returns
+    -------
+    ndarray or (ndarray, ndarray)
+        As :func:`scaled_dot_product_attention`.
+
+    Raises
+    ------
+    TypeError
+        If `window` is passed, and as :func:`scaled_dot_product_attention`.
+    ValueError
+        If `window_size` is not an int >= 1, and as
+        :func:`scaled_dot_product_attention`.
+
+    Notes
+    -----
+    Key tiles outside the window are skipped: time O(L * window_size * D).
+
+    Examples
+    --------
+    >>> import numpy as np, fastattn
+    >>> q = k = np.zeros((4, 2))
+    >>> v = np.arange(4.0).reshape(4, 1)
+    >>> fastattn.sliding_window_attention(q, k, v, 2).ravel()  # mean of v[i-1], v[i]
+    array([0. , 0.5, 1.5, 2.5], dtype=float32)
+    """
+    if "window" in kwargs:
+        raise TypeError("sliding_window_attention() got an unexpected keyword argument 'window'")
+    return scaled_dot_product_attention(q, k, v, attn_mask, window=check_window_size(window_size),
+                                        **kwargs)
+
+
+def attention_weights(q, k, attn_mask=None, *, is_causal=False, window=None, scale=None,
+                      enable_gqa=False):
+    """The attention weights of :func:`scaled_dot_product_attention`.
+
+    For inspection and plotting: O(L x S) memory by nature.
+
+    Parameters
+    ----------
+    q, k, attn_mask, is_causal, window, scale, enable_gqa
+        As in :func:`scaled_dot_product_attention`.
+
+    Returns
+    -------
+    ndarray, float32, shape (..., L, S)
+        ``w[..., i, j]``: the softmax over the allowed keys of row ``i``;
+        each row sums to 1, or is all 0 when it has no allowed key (or all its
+        allowed scores are -inf), or is NaN when a NaN or +inf score is allowed.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`scaled_dot_product_attention`.
+
+    Notes
+    -----{rules}
+    Examples
+    --------
+    >>> import numpy as np, fastattn
+    >>> q = np.array([[1.0, 0.0]])
+    >>> k = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    >>> w = fastattn.attention_weights(q, k)
+    >>> w.round(4), float(w.sum())
+    (array([[0.4011, 0.1978, 0.4011]], dtype=float32), 1.0)
+    """
+    a = attention_inputs(q, k, None, attn_mask, is_causal, window, scale, enable_gqa)
+    weights = np.zeros(a.batch + (a.L, a.S), np.float32)
+    _run_attention(a, weights, weights=True)
+    return weights
+
+
+for _f in (scaled_dot_product_attention, attention_weights):
+    _f.__doc__ = _f.__doc__.replace("{rules}", _ATTENTION_RULES)
+del _f

@@ -1,0 +1,41 @@
+# Declarations of the C contract (csrc/fastattn.h), for fastattn/_core.pyx.
+from libc.stdint cimport int64_t, uint8_t
+
+cdef extern from "fastattn.h" nogil:
+    int FA_OK
+    int FA_ERR_ARG
+    int FA_ERR_NOMEM
+    int FA_ERR_INTERNAL
+    int FA_OP_SOFTMAX
+    int FA_OP_LOG_SOFTMAX
+    int FA_OP_LOGSUMEXP
+    int FA_MASK_NONE
+    int FA_MASK_BOOL
+    int FA_MASK_FLOAT
+
+    ctypedef struct fa_attn_args:
+        int64_t nbatch, L, S, D, Dv
+        const float *q
+        const float *k
+        const float *v
+        const int64_t *q_off
+        const int64_t *k_off
+        const int64_t *v_off
+        int mask_kind
+        const uint8_t *bool_mask
+        const float *float_mask
+        const int64_t *mask_off
+        int64_t mask_sl, mask_ss
+        int is_causal
+        int64_t win_left, win_right
+        float scale
+
+    int fa_rowwise_f32(const float *x, float *out, int64_t nrows, int64_t n, int op,
+                       int nthreads)
+    int fa_sdpa_f32(const fa_attn_args *a, float *out, float *lse, int nthreads)
+    int fa_attention_weights_f32(const fa_attn_args *a, float *weights, int nthreads)
+    int fa_exp_f32(const float *x, float *y, int64_t n)
+    int fa_built_with_openmp()
+    int fa_omp_max_threads()
+    const char *fa_compiler()
+    const char *fa_simd_kernel()

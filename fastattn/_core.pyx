@@ -1,0 +1,129 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False
+"""Thin nogil wrappers over the C kernels in csrc/ (see csrc/fastattn.h).
+
+Every argument arrives validated and shaped by fastattn._api: 1-d C-contiguous
+float32 / uint8 / int64 buffers and Python ints. Each wrapper releases the GIL
+for the one C call and maps the returned status to an exception in _check.
+"""
+from libc.stdint cimport int64_t, uint8_t
+
+from fastattn._core cimport *
+
+
+cdef int _check(int status) except -1:
+    if status == FA_OK:
+        return 0
+    if status == FA_ERR_NOMEM:
+        raise MemoryError("fastattn: a kernel could not allocate its working memory")
+    if status == FA_ERR_ARG:
+        raise ValueError("fastattn: a kernel rejected its arguments (a bug in fastattn's "
+                         "argument checks; please report it)")
+    raise RuntimeError(f"fastattn: internal error in a kernel (status {status})")
+
+
+cdef inline const float *_fptr(const float[::1] a) noexcept nogil:
+    return &a[0] if a.shape[0] > 0 else NULL
+
+
+cdef inline float *_wptr(float[::1] a) noexcept nogil:
+    return &a[0] if a.shape[0] > 0 else NULL
+
+
+cdef inline const int64_t *_iptr(const int64_t[::1] a) noexcept nogil:
+    return &a[0] if a.shape[0] > 0 else NULL
+
+
+OP_SOFTMAX = FA_OP_SOFTMAX
+OP_LOG_SOFTMAX = FA_OP_LOG_SOFTMAX
+OP_LOGSUMEXP = FA_OP_LOGSUMEXP
+
+
+def rowwise(const float[::1] x, float[::1] out, int64_t nrows, int64_t n, int op,
+            int nthreads):
+    """op over nrows contiguous rows of length n of x, into out."""
+    cdef int status
+    with nogil:
+        status = fa_rowwise_f32(_fptr(x), _wptr(out), nrows, n, op, nthreads)
+    _check(status)
+
+
+def attention(const float[::1] q, const float[::1] k, const float[::1] v,
+              const int64_t[::1] q_off, const int64_t[::1] k_off,
+              const int64_t[::1] v_off, int64_t nbatch, int64_t L, int64_t S,
+              int64_t D, int64_t Dv, mask, const int64_t[::1] mask_off,
+              int64_t mask_sl, int64_t mask_ss, bint is_causal,
+              int64_t win_left, int64_t win_right, float scale,
+              float[::1] out, lse, int nthreads, bint weights=False):
+    """SDPA (weights=False: out is (nbatch*L*Dv), lse None or (nbatch*L)) or the
+    attention weights (weights=True: out is (nbatch*L*S)).
+
+    mask is None, a 1-d uint8 array (bool mask) or a 1-d float32 array.
+    """
+    cdef fa_attn_args a
+    cdef const uint8_t[::1] bmask
+    cdef const float[::1] fmask
+    cdef float[::1] lse_view
+    cdef float *lse_ptr = NULL
+    cdef int status
+    a.nbatch = nbatch
+    a.L = L
+    a.S = S
+    a.D = D
+    a.Dv = Dv
+    a.q = _fptr(q)
+    a.k = _fptr(k)
+    a.v = _fptr(v)
+    a.q_off = _iptr(q_off)
+    a.k_off = _iptr(k_off)
+    a.v_off = _iptr(v_off)
+    a.mask_kind = FA_MASK_NONE
+    a.bool_mask = NULL
+    a.float_mask = NULL
+    a.mask_off = NULL
+    a.mask_sl = mask_sl
+    a.mask_ss = mask_ss
+    if mask is not None:
+        a.mask_off = _iptr(mask_off)
+        if mask.dtype.kind == "u":
+            bmask = mask
+            a.mask_kind = FA_MASK_BOOL
+            a.bool_mask = &bmask[0] if bmask.shape[0] > 0 else NULL
+        else:
+            fmask = mask
+            a.mask_kind = FA_MASK_FLOAT
+            a.float_mask = _fptr(fmask)
+    a.is_causal = is_causal
+    a.win_left = win_left
+    a.win_right = win_right
+    a.scale = scale
+    if lse is not None:
+        lse_view = lse
+        lse_ptr = _wptr(lse_view)
+    with nogil:
+        if weights:
+            status = fa_attention_weights_f32(&a, _wptr(out), nthreads)
+        else:
+            status = fa_sdpa_f32(&a, _wptr(out), lse_ptr, nthreads)
+    _check(status)
+
+
+def exp(const float[::1] x, float[::1] y):
+    """y = exp(x) with the kernels' exponential (for the accuracy tests)."""
+    cdef int status
+    with nogil:
+        status = fa_exp_f32(_fptr(x), _wptr(y), x.shape[0])
+    _check(status)
+
+
+def omp_max_threads():
+    """OpenMP's current default thread count (1 in a build without OpenMP)."""
+    return fa_omp_max_threads()
+
+
+def build_info():
+    """Facts about the compiled core, for show_config()."""
+    return {
+        "compiler": fa_compiler().decode(),
+        "openmp": bool(fa_built_with_openmp()),
+        "simd": fa_simd_kernel().decode(),
+    }

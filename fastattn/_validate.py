@@ -1,0 +1,232 @@
+"""Argument checks and conversions shared by fastattn's API and its reference.
+
+Everything here is pure Python/NumPy and runs before any kernel: the dtype
+policy, axis normalisation, `out=` rules, and the shape rules of attention
+(broadcasting, grouped-query heads, masks, scale, window). Each error names the
+argument, what was seen and what was expected (SPEC sections 1-3).
+"""
+import math
+import numbers
+import operator
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import numpy as np
+
+try:  # numpy >= 1.25
+    from numpy.exceptions import AxisError, TooHardError
+except ImportError:  # pragma: no cover - older numpy
+    from numpy import AxisError, TooHardError
+
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def as_float32(x, name):
+    """`x` as a C-contiguous float32 array; no copy when it already is one.
+
+    Raises TypeError unless `x` converts to a real floating dtype.
+    """
+    try:
+        arr = np.asarray(x)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name} must be an array of real floating values: {exc}") from None
+    if arr.dtype.kind != "f":
+        raise TypeError(
+            f"{name} must have a real floating dtype (float16, float32 or float64), "
+            f"got {arr.dtype}"
+        )
+    return np.ascontiguousarray(arr, dtype=np.float32)
+
+
+def as_bool(value, name):
+    """A Python bool from a bool or numpy.bool_; TypeError for anything else."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+
+
+def normalize_axis(axis, ndim):
+    """`axis` as an index in [0, ndim); AxisError when out of range or ndim == 0."""
+    if isinstance(axis, (bool, np.bool_)):
+        raise TypeError(f"axis must be an int, got {type(axis).__name__}")
+    try:
+        axis = operator.index(axis)
+    except TypeError:
+        raise TypeError(f"axis must be an int, got {type(axis).__name__}") from None
+    if not -ndim <= axis < ndim:
+        raise AxisError(axis, ndim)
+    return axis % ndim
+
+
+def shares_memory(a, b):
+    """True when arrays a and b may overlap (an undecidable case counts as overlap)."""
+    if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)):
+        return False
+    if not np.may_share_memory(a, b):
+        return False
+    try:
+        return bool(np.shares_memory(a, b, max_work=100_000))
+    except TooHardError:
+        return True
+
+
+def check_out(out, shape, inputs):
+    """Check an `out=` array against SPEC section 1 before anything is written.
+
+    `inputs` is a sequence of (name, array) that `out` must not overlap.
+    """
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out must be a numpy.ndarray, got {type(out).__name__}")
+    if out.dtype != np.float32:
+        raise TypeError(f"out must have dtype float32, got {out.dtype} (nothing is cast into out)")
+    if out.shape != tuple(shape):
+        raise ValueError(f"out must have shape {tuple(shape)}, got {out.shape}")
+    if not out.flags.c_contiguous:
+        raise ValueError("out must be C-contiguous")
+    if not out.flags.writeable:
+        raise ValueError("out must be writeable")
+    for name, arr in inputs:
+        if shares_memory(out, arr):
+            raise ValueError(f"out must not share memory with {name}")
+
+
+def check_scale(scale, D):
+    """The score scale: 1/sqrt(D) for None, else a finite real number."""
+    if scale is None:
+        return 1.0 / math.sqrt(D)
+    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale must be a real number or None, got {type(scale).__name__}")
+    value = float(scale)
+    if not math.isfinite(value) or abs(value) > _FLOAT32_MAX:
+        raise ValueError(f"scale must be finite (in float32), got {scale!r}")
+    return value
+
+
+def _window_side(value, side):
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"window's {side} bound must be an int >= 0 or None, got {value!r}")
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise ValueError(
+            f"window's {side} bound must be an int >= 0 or None, got {value!r}"
+        ) from None
+    if value < 0:
+        raise ValueError(f"window's {side} bound must be >= 0 or None, got {value}")
+    return value
+
+
+def check_window(window):
+    """(left, right) from `window`, each an int >= 0 or None (unbounded)."""
+    if window is None:
+        return None, None
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise ValueError(f"window must be None or a pair (left, right), got {window!r}")
+    return _window_side(window[0], "left"), _window_side(window[1], "right")
+
+
+def check_window_size(window_size):
+    """`window=(window_size - 1, 0)` for sliding_window_attention."""
+    if isinstance(window_size, (bool, np.bool_)):
+        raise ValueError(f"window_size must be an int >= 1, got {window_size!r}")
+    try:
+        window_size = operator.index(window_size)
+    except TypeError:
+        raise ValueError(f"window_size must be an int >= 1, got {window_size!r}") from None
+    if window_size < 1:
+        raise ValueError(f"window_size must be an int >= 1, got {window_size}")
+    return (window_size - 1, 0)
+
+
+def _broadcast(shapes, what):
+    try:
+        return tuple(np.broadcast_shapes(*shapes))
+    except ValueError:
+        raise ValueError(
+            f"the leading (batch) dimensions of {what} do not broadcast: "
+            + ", ".join(str(s) for s in shapes)
+        ) from None
+
+
+@dataclass
+class AttentionInputs:
+    """Validated attention arguments; arrays are C-contiguous, unbroadcast."""
+
+    q: np.ndarray
+    k: np.ndarray
+    v: Optional[np.ndarray]
+    mask: Optional[np.ndarray]  # bool or float32
+    batch: Tuple[int, ...]      # leading dims of the result
+    L: int
+    S: int
+    D: int
+    Dv: int
+    scale: float
+    is_causal: bool
+    window: Tuple[Optional[int], Optional[int]]
+    group: int                  # query heads per kv head (1 without GQA)
+
+
+def attention_inputs(q, k, v, attn_mask, is_causal, window, scale, enable_gqa):
+    """Validate and convert the arguments of SDPA (v=None for attention_weights)."""
+    names = ("q", "k") if v is None else ("q", "k", "v")
+    arrays = [as_float32(x, name) for x, name in zip((q, k, v), names)]
+    for arr, name in zip(arrays, names):
+        if arr.ndim < 2:
+            raise ValueError(f"{name} must have at least 2 dimensions (..., rows, features), "
+                             f"got shape {arr.shape}")
+    q, k = arrays[:2]
+    v = arrays[2] if v is not None else None
+    L, D = q.shape[-2:]
+    S = k.shape[-2]
+    if D < 1:
+        raise ValueError(f"q must have D >= 1 features (last dimension), got shape {q.shape}")
+    if k.shape[-1] != D:
+        raise ValueError(f"k's last dimension must equal q's D={D}, got k shape {k.shape}")
+    if v is not None and v.shape[-2] != S:
+        raise ValueError(f"v must have as many rows as k (S={S}), got v shape {v.shape}")
+    Dv = v.shape[-1] if v is not None else 0
+    is_causal = as_bool(is_causal, "is_causal")
+    enable_gqa = as_bool(enable_gqa, "enable_gqa")
+    group = 1
+    if enable_gqa:
+        for arr, name in zip(arrays, names):
+            if arr.ndim < 3:
+                raise ValueError(f"with enable_gqa=True, {name} must have a head axis "
+                                 f"(..., heads, rows, features), got shape {arr.shape}")
+        Hq, Hkv = q.shape[-3], k.shape[-3]
+        if v is not None and v.shape[-3] != Hkv:
+            raise ValueError(f"with enable_gqa=True, k and v must have the same number of "
+                             f"heads, got k {k.shape} and v {v.shape}")
+        if Hkv < 1 or Hq % Hkv != 0:
+            raise ValueError(f"with enable_gqa=True, q's heads ({Hq}) must be a multiple of "
+                             f"k's heads ({Hkv})")
+        group = Hq // Hkv
+        batch = _broadcast([a.shape[:-3] for a in arrays], "/".join(names)) + (Hq,)
+    else:
+        batch = _broadcast([a.shape[:-2] for a in arrays], "/".join(names))
+    mask = None
+    if attn_mask is not None:
+        mask = np.asarray(attn_mask)
+        if mask.dtype == np.bool_:
+            mask = np.ascontiguousarray(mask)
+        elif mask.dtype.kind == "f":
+            mask = np.ascontiguousarray(mask, dtype=np.float32)
+        else:
+            raise TypeError(f"attn_mask must be a bool or real floating array, got dtype "
+                            f"{mask.dtype}")
+        target = batch + (L, S)
+        try:
+            ok = np.broadcast_shapes(mask.shape, target) == target
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ValueError(f"attn_mask of shape {mask.shape} does not broadcast to "
+                             f"(..., L, S) = {target}")
+    return AttentionInputs(
+        q=q, k=k, v=v, mask=mask, batch=batch, L=L, S=S, D=D, Dv=Dv,
+        scale=check_scale(scale, D), is_causal=is_causal, window=check_window(window),
+        group=group,
+    )

@@ -1,0 +1,188 @@
+"""Pure-NumPy twins of fastattn's public functions: the oracle of the tests.
+
+Same names, signatures and semantics as the computing functions of
+:mod:`fastattn` (thread control and show_config have no twin: the reference is
+plain NumPy), written as the
+textbook steps (scores, scale, mask, softmax, weighted sum) so that a reader can
+check the compiled results by eye. Arguments go through the same checks as the
+compiled API (:mod:`fastattn._validate`) and are rounded to float32 like its
+inputs; the arithmetic is float64 and the results are returned as float32.
+Attention here forms the full (..., L, S) score matrix: O(L x S) memory, for
+checking, not for speed.
+"""
+import numpy as np
+
+from fastattn._validate import (
+    as_float32,
+    attention_inputs,
+    check_out,
+    check_window_size,
+    normalize_axis,
+)
+
+__all__ = [
+    "softmax",
+    "log_softmax",
+    "logsumexp",
+    "scaled_dot_product_attention",
+    "causal_attention",
+    "sliding_window_attention",
+    "attention_weights",
+]
+
+
+def _finish(result64, out, inputs):
+    """float32 result, written into `out` when given (after the SPEC checks)."""
+    result = result64.astype(np.float32)
+    if out is None:
+        return result
+    check_out(out, result.shape, inputs)
+    out[...] = result
+    return out
+
+
+# ----------------------------------------------------------------------------
+# softmax, log_softmax, logsumexp: m = max(x); IEEE arithmetic on the formulas.
+
+
+def _slices(x, axis):
+    x64 = as_float32(x, "x").astype(np.float64)
+    return x64, normalize_axis(axis, x64.ndim)
+
+
+def softmax(x, axis=-1, *, out=None):
+    """Reference softmax: ``exp(x - m) / sum(exp(x - m))`` along `axis`."""
+    x64, ax = _slices(x, axis)
+    with np.errstate(all="ignore"):
+        m = np.max(x64, axis=ax, keepdims=True, initial=-np.inf)
+        e = np.exp(x64 - m)  # inf - inf and -inf + inf give NaN, as IEEE says
+        result = e / np.sum(e, axis=ax, keepdims=True)
+    return _finish(result, out, [("x", x)])
+
+
+def log_softmax(x, axis=-1, *, out=None):
+    """Reference log_softmax: ``(x - m) - log(sum(exp(x - m)))`` along `axis`."""
+    x64, ax = _slices(x, axis)
+    with np.errstate(all="ignore"):
+        m = np.max(x64, axis=ax, keepdims=True, initial=-np.inf)
+        result = (x64 - m) - np.log(np.sum(np.exp(x64 - m), axis=ax, keepdims=True))
+    return _finish(result, out, [("x", x)])
+
+
+def logsumexp(x, axis=-1, *, keepdims=False, out=None):
+    """Reference logsumexp: ``m + log(sum(exp(x - m)))`` along `axis`.
+
+    As in SciPy, an infinite max is replaced by 0 in the shift, so a +inf
+    gives +inf and an all -inf (or empty) slice gives -inf.
+    """
+    x64, ax = _slices(x, axis)
+    with np.errstate(all="ignore"):
+        m = np.max(x64, axis=ax, keepdims=True, initial=-np.inf)
+        shift = np.where(np.isfinite(m), m, 0.0)
+        result = shift + np.log(np.sum(np.exp(x64 - shift), axis=ax, keepdims=True))
+    if not keepdims:
+        result = np.squeeze(result, axis=ax)
+    return _finish(result, out, [("x", x)])
+
+
+# ----------------------------------------------------------------------------
+# Attention
+
+
+def _scores(a):
+    """Step 1-3: scaled scores s = scale * q @ k^T, the float mask added, and
+    -inf wherever a key is not allowed. Shape batch + (L, S), float64."""
+    q = a.q.astype(np.float64)
+    k = a.k.astype(np.float64)
+    if a.group > 1:  # grouped-query attention: query head h reads kv head h // group
+        k = np.repeat(k, a.group, axis=-3)
+    s = a.scale * (q @ np.swapaxes(k, -1, -2))
+    s = np.broadcast_to(s, a.batch + (a.L, a.S))
+
+    allowed = np.ones((a.L, a.S), dtype=bool)
+    p = np.arange(a.L)[:, None] + a.S - a.L  # query i sits at key position p_i
+    j = np.arange(a.S)[None, :]
+    left, right = a.window
+    if a.is_causal:
+        allowed &= j <= p
+    if left is not None:
+        allowed &= j >= p - left
+    if right is not None:
+        allowed &= j <= p + right
+    if a.mask is not None and a.mask.dtype == np.bool_:
+        allowed = allowed & a.mask
+    elif a.mask is not None:  # float mask: added; -inf there masks the key
+        fmask = a.mask.astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            s = np.where(fmask == -np.inf, -np.inf, s + fmask)
+    return np.where(allowed, s, -np.inf)
+
+
+def _softmax_rows(s):
+    """Step 4: the softmax of each row over its allowed (> -inf) scores, and
+    its log-sum-exp, with the row rules of SPEC section 3."""
+    with np.errstate(all="ignore"):
+        m = np.max(s, axis=-1, keepdims=True, initial=-np.inf)  # NaN propagates
+        finite = np.isfinite(m)
+        e = np.exp(s - np.where(finite, m, 0.0))
+        total = np.sum(e, axis=-1, keepdims=True)
+        w = e / total
+        lse = m + np.log(total)
+    w = np.where(m == -np.inf, 0.0, w)           # no allowed key: all 0
+    w = np.where(np.isnan(m) | (m == np.inf), np.nan, w)  # NaN or +inf allowed: NaN
+    lse = np.where(finite, lse, m)               # -inf, +inf or NaN, as m
+    return w, lse[..., 0]
+
+
+def _weighted_sum(w, s, v):
+    """Step 5: o_i = sum_j w_ij v_j over the keys j with a score above -inf;
+    the rows of v of every other key are never read."""
+    if np.isfinite(v).all():
+        return w @ v  # the other keys have w_ij = 0 and finite v: no effect
+    o = np.empty(w.shape[:-1] + v.shape[-1:])
+    vb = np.broadcast_to(v, w.shape[:-2] + v.shape[-2:])
+    for idx in np.ndindex(*w.shape[:-1]):  # rare path: non-finite values in v
+        keys = s[idx] != -np.inf
+        o[idx] = w[idx][keys] @ vb[idx[:-1]][keys]
+    return o
+
+
+def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, window=None,
+                                 scale=None, enable_gqa=False, return_lse=False, out=None):
+    """Reference SDPA: ``softmax(scale * q @ k^T + mask) @ v`` over the allowed
+    keys, step by step in float64 (see :func:`fastattn.scaled_dot_product_attention`)."""
+    a = attention_inputs(q, k, v, attn_mask, is_causal, window, scale, enable_gqa)
+    s = _scores(a)
+    w, lse = _softmax_rows(s)
+    vv = a.v.astype(np.float64)
+    if a.group > 1:
+        vv = np.repeat(vv, a.group, axis=-3)
+    o = _weighted_sum(w, s, vv)
+    o = np.where(np.isnan(lse)[..., None] | (lse == np.inf)[..., None], np.nan, o)
+    o = np.broadcast_to(o, a.batch + (a.L, a.Dv))
+    result = _finish(o, out, [("q", q), ("k", k), ("v", v), ("attn_mask", attn_mask)])
+    return (result, lse.astype(np.float32)) if return_lse else result
+
+
+def causal_attention(q, k, v, attn_mask=None, **kwargs):
+    """Reference causal attention: ``is_causal=True``."""
+    if "is_causal" in kwargs:
+        raise TypeError("causal_attention() got an unexpected keyword argument 'is_causal'")
+    return scaled_dot_product_attention(q, k, v, attn_mask, is_causal=True, **kwargs)
+
+
+def sliding_window_attention(q, k, v, window_size, attn_mask=None, **kwargs):
+    """Reference sliding-window attention: ``window=(window_size - 1, 0)``."""
+    if "window" in kwargs:
+        raise TypeError("sliding_window_attention() got an unexpected keyword argument 'window'")
+    return scaled_dot_product_attention(q, k, v, attn_mask, window=check_window_size(window_size),
+                                        **kwargs)
+
+
+def attention_weights(q, k, attn_mask=None, *, is_causal=False, window=None, scale=None,
+                      enable_gqa=False):
+    """Reference attention weights, shape (..., L, S)."""
+    a = attention_inputs(q, k, None, attn_mask, is_causal, window, scale, enable_gqa)
+    w, _ = _softmax_rows(_scores(a))
+    return np.ascontiguousarray(w, dtype=np.float32)
+

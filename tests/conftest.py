@@ -1,0 +1,192 @@
+"""Shared fixtures and helpers for the fastattn test suite.
+
+The oracle is ``fastattn.reference`` (float64 inside, float32 out).  The
+helpers here that compute expected values *without* the reference
+(``allowed_keys``, ``naive_sdpa``, ``softmax64``) exist so that the oracle
+itself can be checked against independent hand computations.
+"""
+
+import math
+import zlib
+
+import numpy as np
+import pytest
+from hypothesis import settings
+
+import fastattn
+
+settings.register_profile("fastattn", deadline=None, max_examples=40)
+settings.load_profile("fastattn")
+
+EPS32 = float(np.finfo(np.float32).eps)
+FMAX = float(np.finfo(np.float32).max)
+
+# Compiled float32 kernel vs float64 reference, unit-scale random inputs.
+SDPA_TOL = dict(rtol=1e-4, atol=1e-5)
+
+
+@pytest.fixture
+def rng(request):
+    """A generator seeded from the test id: deterministic, different per test."""
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+@pytest.fixture
+def threads():
+    """Yield ``fastattn.set_num_threads``; always restore OpenMP's default."""
+    fastattn.set_num_threads(None)
+    try:
+        yield fastattn.set_num_threads
+    finally:
+        fastattn.set_num_threads(None)
+
+
+def randn(rng, *shape, scale=1.0):
+    """Standard-normal float32 array of the given shape."""
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def qkv(rng, q_shape, k_shape, v_shape):
+    return randn(rng, *q_shape), randn(rng, *k_shape), randn(rng, *v_shape)
+
+
+def assert_same_bits(a, b):
+    """Bitwise equality (NaN-aware): same dtype, shape and bytes."""
+    a = np.asarray(a)
+    b = np.asarray(b)
+    assert a.dtype == b.dtype, (a.dtype, b.dtype)
+    assert a.shape == b.shape, (a.shape, b.shape)
+    ab = np.ascontiguousarray(a).tobytes()
+    bb = np.ascontiguousarray(b).tobytes()
+    if ab != bb:
+        diff = np.ascontiguousarray(a).view(np.uint8) != np.ascontiguousarray(b).view(np.uint8)
+        raise AssertionError(
+            f"arrays differ bitwise in {int(diff.sum())} bytes of {diff.size}; "
+            f"max abs diff {np.nanmax(np.abs(a.astype(np.float64) - b.astype(np.float64))) if a.size else 0}"
+        )
+
+
+def assert_close(got, expected, **tol):
+    """float32 result, same shape, values close (NaN/inf positions must match)."""
+    got = np.asarray(got)
+    expected = np.asarray(expected)
+    assert got.dtype == np.float32, got.dtype
+    assert got.shape == expected.shape, (got.shape, expected.shape)
+    np.testing.assert_allclose(got, expected, **(tol or SDPA_TOL))
+
+
+def assert_new_c_float32(a):
+    assert isinstance(a, np.ndarray)
+    assert a.dtype == np.float32
+    assert a.flags.c_contiguous
+
+
+def readonly(a):
+    a = np.array(a, copy=True)
+    a.setflags(write=False)
+    return a
+
+
+def allowed_keys(L, S, *, is_causal=False, window=None, mask=None):
+    """(L, S) bool: key j allowed for query i, straight from SPEC sec. 3.
+
+    p_i = i + S - L (bottom-right alignment).
+    """
+    out = np.ones((L, S), dtype=bool)
+    for i in range(L):
+        p = i + S - L
+        for j in range(S):
+            if is_causal and not j <= p:
+                out[i, j] = False
+            if window is not None:
+                left, right = window
+                if left is not None and not p - left <= j:
+                    out[i, j] = False
+                if right is not None and not j <= p + right:
+                    out[i, j] = False
+    if mask is not None:
+        out &= mask
+    return out
+
+
+def naive_sdpa(q, k, v, allowed=None, float_mask=None, scale=None):
+    """Loop-based float64 SDPA for 2-D q (L, D), k (S, D), v (S, Dv).
+
+    Returns (out, lse, weights) in float64.  Follows SPEC sec. 3 / D4 literally:
+    only allowed keys (and keys whose float-mask entry is not -inf) are read.
+    """
+    q = np.asarray(q, np.float64)
+    k = np.asarray(k, np.float64)
+    v = np.asarray(v, np.float64)
+    L, D = q.shape
+    S, Dv = v.shape
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    if allowed is None:
+        allowed = np.ones((L, S), dtype=bool)
+    out = np.zeros((L, Dv))
+    lse = np.empty(L)
+    w_all = np.zeros((L, S))
+    for i in range(L):
+        js, ss = [], []
+        for j in range(S):
+            if not allowed[i, j]:
+                continue
+            if float_mask is not None and float_mask[i, j] == -np.inf:
+                continue
+            s = scale * sum(q[i, d] * k[j, d] for d in range(D))
+            if float_mask is not None:
+                s += float(float_mask[i, j])
+            js.append(j)
+            ss.append(s)
+        ss = np.array(ss)
+        if len(ss) == 0 or np.all(ss == -np.inf):
+            lse[i] = -np.inf
+            continue
+        if np.any(np.isnan(ss)) or np.any(ss == np.inf):
+            out[i] = np.nan
+            w_all[i] = np.nan
+            lse[i] = np.nan if np.any(np.isnan(ss)) else np.inf
+            continue
+        m = ss.max()
+        e = np.exp(ss - m)
+        tot = e.sum()
+        lse[i] = m + math.log(tot)
+        for j, ej in zip(js, e):
+            if ej == 0.0:
+                continue
+            w_all[i, j] = ej / tot
+            out[i] += (ej / tot) * v[j]
+    return out, lse, w_all
+
+
+def softmax64(x, axis):
+    """float64 softmax / log_softmax / logsumexp by hand (finite inputs)."""
+    x = np.asarray(x, np.float64)
+    m = np.max(x, axis=axis, keepdims=True)
+    e = np.exp(x - m)
+    s = np.sum(e, axis=axis, keepdims=True)
+    return e / s, (x - m) - np.log(s), np.squeeze(m + np.log(s), axis=axis)
+
+
+def ulp_error(got, exact, floor=0.0):
+    """max |got - exact| / (eps32 * max(|exact|, floor)), ignoring exact==got."""
+    got = np.asarray(got, np.float64)
+    exact = np.asarray(exact, np.float64)
+    err = np.abs(got - exact)
+    scale = EPS32 * np.maximum(np.abs(exact), floor)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        r = np.where(err == 0, 0.0, err / scale)
+    return float(r.max()) if r.size else 0.0
+
+
+def compare_sdpa(q, k, v, attn_mask=None, **kw):
+    """Compiled SDPA vs the reference (output and lse); return compiled (o, lse)."""
+    kw = dict(kw, return_lse=True)
+    o, lse = fastattn.scaled_dot_product_attention(q, k, v, attn_mask, **kw)
+    ro, rlse = fastattn.reference.scaled_dot_product_attention(q, k, v, attn_mask, **kw)
+    assert_new_c_float32(o)
+    assert_new_c_float32(lse)
+    assert_close(o, ro)
+    assert_close(lse, rlse)
+    return o, lse
