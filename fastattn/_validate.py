@@ -35,7 +35,7 @@ def as_float32(x, name):
             f"{name} must have a real floating dtype (float16, float32 or float64), "
             f"got {arr.dtype}"
         )
-    return np.ascontiguousarray(arr, dtype=np.float32)
+    return np.asarray(arr, dtype=np.float32, order="C")
 
 
 def as_bool(value, name):

@@ -14,15 +14,18 @@ import pytest
 from hypothesis import settings
 
 import fastattn
+from fastattn import reference
 
-settings.register_profile("fastattn", deadline=None, max_examples=40)
+settings.register_profile("fastattn", deadline=None, max_examples=40, database=None)
 settings.load_profile("fastattn")
 
 EPS32 = float(np.finfo(np.float32).eps)
 FMAX = float(np.finfo(np.float32).max)
 
 # Compiled float32 kernel vs float64 reference, unit-scale random inputs.
-SDPA_TOL = dict(rtol=1e-4, atol=1e-5)
+# The portable kernel stays within ~1e-6 absolute on the suite's shapes
+# (D <= 65); the bound leaves ~10x for other SIMD paths' summation orders.
+SDPA_TOL = dict(rtol=3e-5, atol=3e-6)
 
 
 @pytest.fixture
@@ -184,7 +187,7 @@ def compare_sdpa(q, k, v, attn_mask=None, **kw):
     """Compiled SDPA vs the reference (output and lse); return compiled (o, lse)."""
     kw = dict(kw, return_lse=True)
     o, lse = fastattn.scaled_dot_product_attention(q, k, v, attn_mask, **kw)
-    ro, rlse = fastattn.reference.scaled_dot_product_attention(q, k, v, attn_mask, **kw)
+    ro, rlse = reference.scaled_dot_product_attention(q, k, v, attn_mask, **kw)
     assert_new_c_float32(o)
     assert_new_c_float32(lse)
     assert_close(o, ro)

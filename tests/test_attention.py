@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 import fastattn
-from fastattn import reference as ref
 
 from conftest import (assert_close, assert_new_c_float32, assert_same_bits,
                       compare_sdpa, naive_sdpa, qkv, randn, readonly)
@@ -421,3 +420,48 @@ def test_results_are_new_arrays_and_inputs_untouched(rng):
         assert not np.shares_memory(o, a)
     for a, c in zip((q, k, v), copies):
         assert_same_bits(a, c)
+
+
+# ------------------------------------------------------------------- memory
+
+_MEMORY_SCRIPT = """
+import resource, sys
+import numpy as np
+import fastattn
+
+def peak_kib():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+rng = np.random.default_rng(0)
+D = 16
+if sys.argv[1] == "long":
+    L = S = 4096                      # one L x S float32 matrix: 64 MiB
+    q, k, v = (rng.standard_normal((L, D), dtype=np.float32) for _ in range(3))
+    args, kw = (q, k, v), {}
+else:
+    B, H, L = 4, 8, 512               # mask per (batch, head): 32 MiB
+    q, k, v = (rng.standard_normal((B, H, L, D), dtype=np.float32) for _ in range(3))
+    args, kw = (q, k, v, rng.standard_normal((L, L), dtype=np.float32)), {}
+out = np.empty(q.shape[:-1] + (D,), np.float32)
+fastattn.scaled_dot_product_attention(*(a[..., :4, :4] for a in args[:3]))   # warm up
+base = peak_kib()
+fastattn.scaled_dot_product_attention(*args, out=out, **kw)
+fastattn.scaled_dot_product_attention(*args, is_causal=True, out=out, **kw)
+print(peak_kib() - base)
+"""
+
+
+@pytest.mark.parametrize("case", ["long", "broadcast-mask"])
+def test_working_memory_is_not_quadratic(case):
+    # SPEC: working memory O(threads x tile), never O(L x S) per head, and a
+    # broadcast mask is never materialised per head or batch.
+    import os
+    import subprocess
+    import sys
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    res = subprocess.run([sys.executable, "-c", _MEMORY_SCRIPT, case.split("-")[0]],
+                         env=dict(os.environ, PYTHONPATH=repo), cwd=repo,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    grown_mib = int(res.stdout.strip()) / 1024
+    assert grown_mib < 16, f"peak memory grew by {grown_mib:.1f} MiB"

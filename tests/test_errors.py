@@ -1,0 +1,187 @@
+"""Every error of SPEC / decisions for the attention functions: the named
+exception, a message naming the argument, and `out` left unchanged.
+(softmax errors: test_softmax.py; out= errors: test_out.py; thread
+errors: test_threads.py.)"""
+
+import numpy as np
+import pytest
+
+import fastattn
+
+from conftest import assert_same_bits, randn
+
+sdpa = fastattn.scaled_dot_product_attention
+L, S, D, DV = 4, 6, 3, 5
+
+
+def _good(rng):
+    return {"q": randn(rng, 2, L, D), "k": randn(rng, 2, S, D), "v": randn(rng, 2, S, DV)}
+
+
+def _replace(**changes):
+    def make(rng):
+        a = _good(rng)
+        for name, value in changes.items():
+            a[name] = value(rng) if callable(value) else value
+        return a
+    return make
+
+
+# (id, exception, regex naming the argument, inputs, extra keywords)
+CASES = [
+    # dtypes (D1)
+    ("q-int", TypeError, r"\bq\b", _replace(q=np.ones((2, L, D), np.int32)), {}),
+    ("k-int64", TypeError, r"\bk\b", _replace(k=np.ones((2, S, D), np.int64)), {}),
+    ("v-bool", TypeError, r"\bv\b", _replace(v=np.ones((2, S, DV), bool)), {}),
+    ("q-complex", TypeError, r"\bq\b", _replace(q=np.ones((2, L, D), np.complex64)), {}),
+    ("k-object", TypeError, r"\bk\b", _replace(k=np.ones((2, S, D), object)), {}),
+    ("q-int-list", TypeError, r"\bq\b", _replace(q=[[[1, 0, 0]] * L] * 2), {}),
+    ("mask-int", TypeError, r"attn_mask", _replace(), {"attn_mask": np.ones((L, S), np.int8)}),
+    ("mask-complex", TypeError, r"attn_mask", _replace(), {"attn_mask": np.ones((L, S), np.complex64)}),
+    ("mask-object", TypeError, r"attn_mask", _replace(), {"attn_mask": np.ones((L, S), object)}),
+    # shapes (D7)
+    ("q-1d", ValueError, r"\bq\b", _replace(q=np.ones(D, np.float32)), {}),
+    ("k-1d", ValueError, r"\bk\b", _replace(k=np.ones(D, np.float32)), {}),
+    ("v-0d", ValueError, r"\bv\b", _replace(v=np.float32(1.0)), {}),
+    ("D-zero", ValueError, r"\bD\b|\bq\b|\bk\b",
+     _replace(q=np.ones((2, L, 0), np.float32), k=np.ones((2, S, 0), np.float32)), {}),
+    ("D-mismatch", ValueError, r"\bq\b|\bk\b", _replace(k=lambda r: randn(r, 2, S, D + 1)), {}),
+    ("S-mismatch", ValueError, r"\bk\b|\bv\b", _replace(v=lambda r: randn(r, 2, S + 1, DV)), {}),
+    ("batch-mismatch", ValueError, r"\bq\b|\bk\b|\bv\b", _replace(k=lambda r: randn(r, 3, S, D),
+                                                               v=lambda r: randn(r, 3, S, DV)), {}),
+    ("batch-mismatch-v", ValueError, r"\bq\b|\bk\b|\bv\b", _replace(v=lambda r: randn(r, 3, S, DV)), {}),
+    ("mask-shape", ValueError, r"attn_mask", _replace(), {"attn_mask": np.ones((L, S + 1), bool)}),
+    ("mask-shape-L", ValueError, r"attn_mask", _replace(), {"attn_mask": np.ones((L + 1, S), bool)}),
+    ("mask-batch", ValueError, r"attn_mask", _replace(), {"attn_mask": np.ones((3, L, S), np.float32)}),
+    # D7: the mask broadcasts *to* the output's batch shape; it cannot add dims
+    ("mask-extra-dims", ValueError, r"attn_mask", _replace(), {"attn_mask": np.ones((3, 2, L, S), bool)}),
+    # scale (D5)
+    ("scale-nan", ValueError, r"scale", _replace(), {"scale": float("nan")}),
+    ("scale-inf", ValueError, r"scale", _replace(), {"scale": float("inf")}),
+    ("scale-neginf", ValueError, r"scale", _replace(), {"scale": -np.inf}),
+    ("scale-np-nan", ValueError, r"scale", _replace(), {"scale": np.float32("nan")}),
+    ("scale-str", TypeError, r"scale", _replace(), {"scale": "0.5"}),
+    ("scale-bool", TypeError, r"scale", _replace(), {"scale": True}),
+    ("scale-array", TypeError, r"scale", _replace(), {"scale": np.ones(2)}),
+    ("scale-complex", TypeError, r"scale", _replace(), {"scale": 1j}),
+    # window (D6)
+    ("window-int", ValueError, r"window", _replace(), {"window": 2}),
+    ("window-len1", ValueError, r"window", _replace(), {"window": (2,)}),
+    ("window-len3", ValueError, r"window", _replace(), {"window": (1, 2, 3)}),
+    ("window-negative-left", ValueError, r"window", _replace(), {"window": (-1, 0)}),
+    ("window-negative-right", ValueError, r"window", _replace(), {"window": (0, -1)}),
+    ("window-float", ValueError, r"window", _replace(), {"window": (1.5, 0)}),
+    ("window-float-integral", ValueError, r"window", _replace(), {"window": (1.0, 0)}),
+    ("window-bool", ValueError, r"window", _replace(), {"window": (True, 0)}),
+    ("window-str", ValueError, r"window", _replace(), {"window": "ab"}),
+    ("window-set", ValueError, r"window", _replace(), {"window": {1, 2}}),
+    # grouped-query attention (D7)
+    ("gqa-not-divisible", ValueError, r"\bq\b|\bk\b|\bv\b|enable_gqa|head",
+     _replace(q=lambda r: randn(r, 5, L, D), k=lambda r: randn(r, 2, S, D),
+              v=lambda r: randn(r, 2, S, DV)), {"enable_gqa": True}),
+    ("gqa-k-v-heads-differ", ValueError, r"\bk\b|\bv\b|enable_gqa|head",
+     _replace(q=lambda r: randn(r, 4, L, D), k=lambda r: randn(r, 2, S, D),
+              v=lambda r: randn(r, 4, S, DV)), {"enable_gqa": True}),
+    ("gqa-2d", ValueError, r"\bq\b|\bk\b|\bv\b|enable_gqa",
+     _replace(q=lambda r: randn(r, L, D), k=lambda r: randn(r, S, D), v=lambda r: randn(r, S, DV)),
+     {"enable_gqa": True}),
+    ("gqa-more-kv-heads", ValueError, r"\bq\b|\bk\b|\bv\b|enable_gqa|head",
+     _replace(q=lambda r: randn(r, 2, L, D), k=lambda r: randn(r, 4, S, D),
+              v=lambda r: randn(r, 4, S, DV)), {"enable_gqa": True}),
+]
+
+
+def _expected_out_shape(a):
+    try:
+        batch = np.broadcast_shapes(np.shape(a["q"])[:-2], np.shape(a["k"])[:-2], np.shape(a["v"])[:-2])
+        return batch + (np.shape(a["q"])[-2], np.shape(a["v"])[-1])
+    except (ValueError, IndexError):
+        return None
+
+
+@pytest.mark.parametrize("exc,match,make,kw", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_sdpa_errors(rng, exc, match, make, kw):
+    a = make(rng)
+    with pytest.raises(exc, match=match):
+        sdpa(a["q"], a["k"], a["v"], **kw)
+
+
+@pytest.mark.parametrize("exc,match,make,kw", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_sdpa_errors_leave_out_unchanged(rng, exc, match, make, kw):
+    a = make(rng)
+    shape = _expected_out_shape(a)
+    if shape is None or "gqa" in str(kw):
+        shape = (2, L, DV)
+    out = np.full(shape, -7.25, np.float32)
+    before = out.copy()
+    with pytest.raises(exc):
+        sdpa(a["q"], a["k"], a["v"], out=out, **kw)
+    assert_same_bits(out, before)
+
+
+# cases about v only: attention_weights(q, k, ...) does not take v
+_V_ONLY = {"v-bool", "v-0d", "S-mismatch", "batch-mismatch-v", "gqa-k-v-heads-differ"}
+_WEIGHT_CASES = [c for c in CASES if c[0] not in _V_ONLY]
+
+
+@pytest.mark.parametrize("exc,match,make,kw", [c[1:] for c in _WEIGHT_CASES],
+                         ids=[c[0] for c in _WEIGHT_CASES])
+def test_attention_weights_errors(rng, exc, match, make, kw):
+    a = make(rng)
+    with pytest.raises(exc, match=match):
+        fastattn.attention_weights(a["q"], a["k"], **kw)
+
+
+# --------------------------------------------------------- convenience forms
+
+@pytest.mark.parametrize("window_size", [0, -1, -5, True, False, 1.5, 2.0, "3", None, (2, 0)])
+def test_sliding_window_size_invalid(rng, window_size):
+    a = _good(rng)
+    with pytest.raises(ValueError, match="window_size"):
+        fastattn.sliding_window_attention(a["q"], a["k"], a["v"], window_size)
+
+
+def test_sliding_window_size_invalid_leaves_out_unchanged(rng):
+    a = _good(rng)
+    out = np.full((2, L, DV), 3.5, np.float32)
+    with pytest.raises(ValueError):
+        fastattn.sliding_window_attention(a["q"], a["k"], a["v"], 0, out=out)
+    assert (out == 3.5).all()
+
+
+def test_sliding_window_with_window_keyword_type_error(rng):
+    a = _good(rng)
+    with pytest.raises(TypeError, match="window"):
+        fastattn.sliding_window_attention(a["q"], a["k"], a["v"], 2, window=(1, 0))
+
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_causal_attention_with_is_causal_keyword_type_error(rng, flag):
+    a = _good(rng)
+    with pytest.raises(TypeError, match="is_causal"):
+        fastattn.causal_attention(a["q"], a["k"], a["v"], is_causal=flag)
+
+
+@pytest.mark.parametrize("fn", ["causal_attention", "sliding_window_attention"])
+def test_convenience_forms_pass_errors_through(rng, fn):
+    a = _good(rng)
+    args = (a["q"], a["k"], a["v"]) + ((2,) if fn == "sliding_window_attention" else ())
+    with pytest.raises(ValueError, match="scale"):
+        getattr(fastattn, fn)(*args, scale=float("nan"))
+    with pytest.raises(TypeError, match="attn_mask"):
+        getattr(fastattn, fn)(*args, attn_mask=np.ones((L, S), np.int32))
+
+
+def test_attention_weights_has_no_out(rng):
+    a = _good(rng)
+    with pytest.raises(TypeError):
+        fastattn.attention_weights(a["q"], a["k"], out=np.empty((2, L, S), np.float32))
+
+
+def test_positional_keywords_rejected(rng):
+    # keyword-only arguments after the arrays and the mask
+    a = _good(rng)
+    with pytest.raises(TypeError):
+        sdpa(a["q"], a["k"], a["v"], None, True)
+    with pytest.raises(TypeError):
+        fastattn.softmax(a["q"], -1, None)

@@ -1,0 +1,305 @@
+"""Allowed keys: is_causal, window, bool and float masks, their broadcasting,
+bottom-right alignment, fully masked rows, and masked keys never being read
+(SPEC sec. 3, decisions D2-D4, D6, D7)."""
+
+import numpy as np
+import pytest
+
+import fastattn
+
+from conftest import (allowed_keys, assert_close, assert_same_bits,
+                      compare_sdpa, naive_sdpa, qkv, randn)
+
+sdpa = fastattn.scaled_dot_product_attention
+weights = fastattn.attention_weights
+
+LS = [(6, 6), (3, 8), (8, 3), (1, 9), (9, 1), (5, 6)]
+WINDOWS = [(0, 0), (2, 1), (None, 0), (0, None), (3, None), (None, 2), (None, None), (5, 5), (1, 0)]
+
+
+def assert_pattern(w, allowed):
+    """Weights are > 0 exactly on the allowed keys (unit-scale scores)."""
+    np.testing.assert_array_equal(w > 0, np.broadcast_to(allowed, w.shape))
+
+
+# --------------------------------------------------- causal and alignment
+
+@pytest.mark.parametrize("L,S", LS)
+def test_causal_bottom_right_alignment(rng, L, S):
+    q, k, v = qkv(rng, (2, L, 5), (2, S, 5), (2, S, 3))
+    o, lse = compare_sdpa(q, k, v, is_causal=True)
+    allowed = allowed_keys(L, S, is_causal=True)
+    assert_pattern(weights(q, k, is_causal=True), allowed)
+    # same as the explicit bool mask of p_i = i + S - L
+    assert_close(o, sdpa(q, k, v, allowed), rtol=1e-6, atol=1e-6)
+    on, ln, _ = naive_sdpa(q[1], k[1], v[1], allowed)
+    assert_close(o[1], on)
+    assert_close(lse[1], ln)
+
+
+def test_causal_l_greater_than_s_rows_before_first_key_are_empty(rng):
+    L, S = 7, 4  # p_i = i - 3: rows 0..2 see no key
+    q, k, v = qkv(rng, (2, L, 3), (2, S, 3), (2, S, 2))
+    o, lse = compare_sdpa(q, k, v, is_causal=True)
+    assert (o[:, :3] == 0).all() and (lse[:, :3] == -np.inf).all()
+    assert np.isfinite(lse[:, 3:]).all()
+    w = weights(q, k, is_causal=True)
+    assert (w[:, :3] == 0).all()
+    np.testing.assert_allclose(w[:, 3:].sum(-1), 1.0, rtol=1e-6)
+    # the last query sees every key, the first allowed one sees exactly one
+    assert (w[:, -1] > 0).all()
+    assert ((w[:, 3] > 0).sum(-1) == 1).all()
+
+
+def test_causal_square_is_lower_triangular(rng):
+    q, k, v = qkv(rng, (6, 4), (6, 4), (6, 2))
+    assert_pattern(weights(q, k, is_causal=True), np.tril(np.ones((6, 6), bool)))
+
+
+# ------------------------------------------------------------------ window
+
+@pytest.mark.parametrize("L,S", LS)
+@pytest.mark.parametrize("window", WINDOWS, ids=str)
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_window(rng, L, S, window, is_causal):
+    q, k, v = qkv(rng, (L, 4), (S, 4), (S, 3))
+    o, lse = compare_sdpa(q, k, v, window=window, is_causal=is_causal)
+    allowed = allowed_keys(L, S, is_causal=is_causal, window=window)
+    assert_pattern(weights(q, k, window=window, is_causal=is_causal), allowed)
+    assert_close(o, sdpa(q, k, v, allowed), rtol=1e-6, atol=1e-6)
+    empty = ~allowed.any(-1)
+    assert (o[empty] == 0).all() and (lse[empty] == -np.inf).all()
+
+
+def test_window_list_and_numpy_ints(rng):
+    q, k, v = qkv(rng, (7, 4), (9, 4), (9, 3))
+    expected = sdpa(q, k, v, window=(2, 1))
+    assert_same_bits(sdpa(q, k, v, window=[2, 1]), expected)
+    assert_same_bits(sdpa(q, k, v, window=(np.int64(2), np.int32(1))), expected)
+
+
+def test_window_unbounded_both_sides_is_no_constraint(rng):
+    q, k, v = qkv(rng, (2, 7, 4), (2, 9, 4), (2, 9, 3))
+    assert_close(sdpa(q, k, v, window=(None, None)), sdpa(q, k, v), rtol=1e-6, atol=1e-7)
+
+
+def test_window_none_left_zero_right_is_causal(rng):
+    q, k, v = qkv(rng, (2, 5, 4), (2, 9, 4), (2, 9, 3))
+    assert_close(sdpa(q, k, v, window=(None, 0)), sdpa(q, k, v, is_causal=True), rtol=1e-6, atol=1e-7)
+
+
+# ------------------------------------------------------------- bool masks
+
+def test_bool_mask(rng):
+    q, k, v = qkv(rng, (2, 3, 6, 4), (2, 3, 8, 4), (2, 3, 8, 5))
+    mask = rng.random((2, 3, 6, 8)) < 0.5
+    o, lse = compare_sdpa(q, k, v, mask)
+    assert_pattern(weights(q, k, mask), mask)
+    on, ln, _ = naive_sdpa(q[1, 2], k[1, 2], v[1, 2], mask[1, 2])
+    assert_close(o[1, 2], on)
+    assert_close(lse[1, 2], ln)
+
+
+MASK_SHAPES = [(6, 8), (1, 8), (6, 1), (2, 1, 6, 8), (2, 1, 1, 8), (3, 6, 8), (1, 3, 1, 8), (1, 1, 1, 1)]
+
+
+@pytest.mark.parametrize("mshape", MASK_SHAPES, ids=str)
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_mask_broadcasting(rng, mshape, kind):
+    B, H, L, S = 2, 3, 6, 8
+    q, k, v = qkv(rng, (B, H, L, 4), (B, H, S, 4), (B, H, S, 5))
+    if kind == "bool":
+        mask = rng.random(mshape) < 0.6
+    else:
+        mask = randn(rng, *mshape)
+        mask[rng.random(mshape) < 0.3] = -np.inf
+    o, lse = compare_sdpa(q, k, v, mask)
+    full = np.ascontiguousarray(np.broadcast_to(mask, (B, H, L, S)))
+    om, lm = sdpa(q, k, v, full, return_lse=True)
+    assert_same_bits(o, om)
+    assert_same_bits(lse, lm)
+
+
+def test_key_padding_mask(rng):
+    # (B, 1, 1, S): the usual padding mask, True for real tokens
+    B, H, L, S = 3, 2, 5, 7
+    q, k, v = qkv(rng, (B, H, L, 4), (B, H, S, 4), (B, H, S, 3))
+    lengths = [7, 4, 1]
+    mask = (np.arange(S) < np.array(lengths)[:, None])[:, None, None, :]
+    o = sdpa(q, k, v, mask)
+    for b, n in enumerate(lengths):
+        assert_close(o[b], sdpa(q[b], k[b, :, :n], v[b, :, :n]), rtol=1e-6, atol=1e-7)
+
+
+# ------------------------------------------------------------ float masks
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_float_mask_added_to_scores(rng, dtype):
+    L, S = 5, 7
+    q, k, v = qkv(rng, (L, 4), (S, 4), (S, 3))
+    fm = randn(rng, L, S).astype(dtype)
+    fm[1, [0, 3]] = -np.inf
+    o, lse = compare_sdpa(q, k, v, fm)
+    on, ln, _ = naive_sdpa(q, k, v, float_mask=fm.astype(np.float64))
+    assert_close(o, on)
+    assert_close(lse, ln)
+    w = weights(q, k, fm)
+    assert (w[1, [0, 3]] == 0).all()
+
+
+def test_float_mask_neginf_equals_bool_false(rng):
+    q, k, v = qkv(rng, (2, 6, 4), (2, 9, 4), (2, 9, 3))
+    mask = rng.random((6, 9)) < 0.6
+    fm = np.where(mask, np.float32(0), np.float32(-np.inf))
+    assert_close(sdpa(q, k, v, fm), sdpa(q, k, v, mask), rtol=1e-6, atol=1e-7)
+
+
+def test_float_mask_with_causal_and_window(rng):
+    q, k, v = qkv(rng, (2, 7, 4), (2, 10, 4), (2, 10, 3))
+    fm = randn(rng, 7, 10)
+    fm[:, 5] = -np.inf
+    compare_sdpa(q, k, v, fm, is_causal=True, window=(3, None))
+
+
+# ------------------------------------------------- all constraints at once
+
+@pytest.mark.parametrize("L,S", [(6, 6), (4, 9), (9, 4)])
+@pytest.mark.parametrize("window", [(2, 0), (1, 3), (None, 1), (3, None)], ids=str)
+def test_bool_mask_causal_and_window_intersect(rng, L, S, window):
+    q, k, v = qkv(rng, (2, L, 5), (2, S, 5), (2, S, 3))
+    mask = rng.random((L, S)) < 0.7
+    o, lse = compare_sdpa(q, k, v, mask, is_causal=True, window=window)
+    allowed = allowed_keys(L, S, is_causal=True, window=window, mask=mask)
+    assert_pattern(weights(q, k, mask, is_causal=True, window=window), allowed)
+    assert_close(o, sdpa(q, k, v, allowed), rtol=1e-6, atol=1e-7)
+    on, ln, _ = naive_sdpa(q[0], k[0], v[0], allowed)
+    assert_close(o[0], on)
+    assert_close(lse[0], ln)
+
+
+# ------------------------------------------------------ fully masked rows
+
+def test_fully_masked_rows(rng):
+    L, S = 6, 5
+    q, k, v = qkv(rng, (L, 4), (S, 4), (S, 3))
+    mask = np.ones((L, S), bool)
+    mask[1] = False
+    fm = np.zeros((L, S), np.float32)
+    fm[3] = -np.inf
+    for kw in ({"attn_mask": mask}, {"attn_mask": fm}):
+        row = 1 if kw["attn_mask"].dtype == bool else 3
+        o, lse = compare_sdpa(q, k, v, **kw)
+        assert (o[row] == 0).all() and lse[row] == -np.inf
+        assert np.isfinite(np.delete(o, row, 0)).all()
+        w = weights(q, k, kw["attn_mask"])
+        assert (w[row] == 0).all()
+
+
+def test_fully_masked_row_never_nan_even_with_nan_q(rng):
+    # SPEC: no allowed key -> 0 and -inf, never NaN (keys are never read)
+    q, k, v = qkv(rng, (3, 4), (5, 4), (5, 2))
+    q[1] = np.nan
+    mask = np.ones((3, 5), bool)
+    mask[1] = False
+    o, lse = sdpa(q, k, v, mask, return_lse=True)
+    assert (o[1] == 0).all() and lse[1] == -np.inf
+    assert (weights(q, k, mask)[1] == 0).all()
+
+
+def test_float_mask_neginf_masks_even_nan_scores(rng):
+    # D2: a float-mask -inf makes the score -inf whatever q.k is (even NaN)
+    q, k, v = qkv(rng, (3, 4), (5, 4), (5, 2))
+    q[1] = np.nan
+    fm = np.zeros((3, 5), np.float32)
+    fm[1] = -np.inf
+    o, lse = sdpa(q, k, v, fm, return_lse=True)
+    assert (o[1] == 0).all() and lse[1] == -np.inf
+    assert np.isfinite(o).all()
+
+
+def test_neginf_dot_product_key_has_zero_weight(rng):
+    # D3: a key whose scaled dot is itself -inf gets weight 0; its v row is unused
+    q = np.array([[1.0, 0.0], [2.0, 0.0]], np.float32)
+    k = np.array([[-np.inf, 0.0], [0.5, 1.0], [1.0, -1.0]], np.float32)
+    v = np.array([[np.nan, np.inf], [1.0, 2.0], [3.0, -4.0]], np.float32)
+    o, lse = sdpa(q, k, v, return_lse=True)
+    assert np.isfinite(o).all() and np.isfinite(lse).all()
+    on, ln, _ = naive_sdpa(q, k[1:], v[1:])
+    assert_close(o, on)
+    assert_close(lse, ln)
+
+
+# ------------------------------------------- masked keys are never read
+
+POISON = [np.nan, np.inf, -np.inf, 3e38]
+
+
+@pytest.mark.parametrize("poison", POISON, ids=str)
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_keys_masked_for_all_rows_are_not_read(rng, poison, kind):
+    B, L, S = 2, 5, 9
+    q, k, v = qkv(rng, (B, L, 4), (B, S, 4), (B, S, 3))
+    mask = rng.random((L, S)) < 0.7
+    dead = [0, 4, 8]
+    mask[:, dead] = False
+    m = mask if kind == "bool" else np.where(mask, randn(rng, L, S), np.float32(-np.inf))
+    clean = sdpa(q, k, v, m, return_lse=True)
+    k2, v2 = k.copy(), v.copy()
+    k2[:, dead] = poison
+    v2[:, dead] = poison
+    dirty = sdpa(q, k2, v2, m, return_lse=True)
+    assert_same_bits(dirty[0], clean[0])
+    assert_same_bits(dirty[1], clean[1])
+    assert np.isfinite(clean[0]).all()
+
+
+@pytest.mark.parametrize("poison", POISON, ids=str)
+@pytest.mark.parametrize("L,S", [(8, 8), (5, 9), (9, 5)])
+def test_future_keys_not_read_with_causal(rng, poison, L, S):
+    q, k, v = qkv(rng, (2, L, 4), (2, S, 4), (2, S, 3))
+    clean = sdpa(q, k, v, is_causal=True, return_lse=True)
+    for t in range(1, S):
+        k2, v2 = k.copy(), v.copy()
+        k2[:, t:] = poison
+        v2[:, t:] = poison
+        dirty = sdpa(q, k2, v2, is_causal=True, return_lse=True)
+        rows = [i for i in range(L) if i + S - L < t]  # rows that cannot see keys >= t
+        assert_same_bits(dirty[0][:, rows], clean[0][:, rows])
+        assert_same_bits(dirty[1][:, rows], clean[1][:, rows])
+
+
+@pytest.mark.parametrize("poison", POISON, ids=str)
+@pytest.mark.parametrize("window", [(2, 0), (1, 1), (3, None)], ids=str)
+def test_keys_outside_window_not_read(rng, poison, window):
+    L, S = 7, 10
+    left, right = window
+    q, k, v = qkv(rng, (L, 4), (S, 4), (S, 3))
+    clean = sdpa(q, k, v, window=window, return_lse=True)
+    for t in range(1, S):
+        # poison keys before t: rows with p_i - left >= t do not see them
+        k2, v2 = k.copy(), v.copy()
+        k2[:t] = poison
+        v2[:t] = poison
+        dirty = sdpa(q, k2, v2, window=window, return_lse=True)
+        rows = [i for i in range(L) if i + S - L - left >= t]
+        assert_same_bits(dirty[0][rows], clean[0][rows])
+        assert_same_bits(dirty[1][rows], clean[1][rows])
+        if right is not None:
+            # poison keys from t on: rows with p_i + right < t do not see them
+            k2, v2 = k.copy(), v.copy()
+            k2[t:] = poison
+            v2[t:] = poison
+            dirty = sdpa(q, k2, v2, window=window, return_lse=True)
+            rows = [i for i in range(L) if i + S - L + right < t]
+            assert_same_bits(dirty[0][rows], clean[0][rows])
+            assert_same_bits(dirty[1][rows], clean[1][rows])
+
+
+def test_poisoned_masked_keys_in_attention_weights(rng):
+    q, k, _ = qkv(rng, (4, 3), (6, 3), (6, 2))
+    mask = np.ones((4, 6), bool)
+    mask[:, 2] = False
+    clean = weights(q, k, mask, is_causal=True)
+    k[2] = np.nan
+    assert_same_bits(weights(q, k, mask, is_causal=True), clean)
+    assert np.isfinite(clean).all()

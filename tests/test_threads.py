@@ -1,0 +1,232 @@
+"""Thread control and determinism (SPEC sec. 3 "Determinism", sec. 4;
+decisions D12, D13)."""
+
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import threadpoolctl
+
+import fastattn
+
+from conftest import assert_same_bits, qkv, randn
+
+sdpa = fastattn.scaled_dot_product_attention
+THREAD_COUNTS = (1, 2, 3)
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _per_thread_count(threads, fn):
+    results = []
+    for n in THREAD_COUNTS:
+        threads(n)
+        assert fastattn.get_num_threads() == n
+        results.append(fn())
+    return results
+
+
+def _assert_all_same(results):
+    first = results[0] if isinstance(results[0], tuple) else (results[0],)
+    for r in results[1:]:
+        for a, b in zip(first, r if isinstance(r, tuple) else (r,)):
+            assert_same_bits(b, a)
+
+
+# ------------------------------------------------------------ thread control
+
+def test_default_thread_count_at_least_one(threads):
+    assert isinstance(fastattn.get_num_threads(), int)
+    assert fastattn.get_num_threads() >= 1
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7])
+def test_set_then_get(threads, n):
+    threads(n)
+    assert fastattn.get_num_threads() == n
+
+
+def test_set_numpy_int(threads):
+    threads(np.int64(2))
+    assert fastattn.get_num_threads() == 2
+
+
+def test_set_none_restores_default(threads):
+    default = fastattn.get_num_threads()
+    threads(default + 2)
+    assert fastattn.get_num_threads() == default + 2
+    threads(None)
+    assert fastattn.get_num_threads() == default
+
+
+@pytest.mark.parametrize("n", [0, -1])
+def test_set_num_threads_invalid_value(threads, n):
+    before = fastattn.get_num_threads()
+    with pytest.raises(ValueError):
+        fastattn.set_num_threads(n)
+    assert fastattn.get_num_threads() == before
+
+
+@pytest.mark.parametrize("n", [1.5, 2.0, "2"])
+def test_set_num_threads_invalid_type(threads, n):
+    with pytest.raises(TypeError):
+        fastattn.set_num_threads(n)
+
+
+def test_threadpoolctl_limits_apply(threads):
+    outside = fastattn.get_num_threads()
+    assert outside >= 1
+    with threadpoolctl.threadpool_limits(1, user_api="openmp"):
+        assert fastattn.get_num_threads() == 1
+    assert fastattn.get_num_threads() == outside
+
+
+def test_threadpoolctl_sees_the_openmp_runtime(threads):
+    apis = {info["user_api"] for info in threadpoolctl.threadpool_info()}
+    assert "openmp" in apis
+
+
+def test_set_num_threads_takes_priority_over_threadpoolctl(threads):
+    threads(3)
+    with threadpoolctl.threadpool_limits(1, user_api="openmp"):
+        assert fastattn.get_num_threads() == 3
+
+
+@pytest.mark.parametrize("n", ["1", "3"])
+def test_omp_num_threads_is_honoured(n):
+    env = dict(os.environ, OMP_NUM_THREADS=n, PYTHONPATH=REPO)
+    res = subprocess.run([sys.executable, "-c", "import fastattn; print(fastattn.get_num_threads())"],
+                         env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == n
+
+
+# ------------------------------------------------- bitwise across threads
+
+ATTN_KW = {
+    "plain": {},
+    "causal": {"is_causal": True},
+    "window": {"window": (37, 5)},
+    "causal+window": {"is_causal": True, "window": (100, None)},
+    "bool-mask": {"mask": "bool"},
+    "float-mask": {"mask": "float"},
+    "gqa": {"enable_gqa": True},
+}
+
+
+@pytest.mark.parametrize("case", list(ATTN_KW))
+def test_sdpa_bitwise_equal_for_any_thread_count(rng, threads, case):
+    B, H, L, S, D = 2, 3, 300, 300, 32
+    kw = dict(ATTN_KW[case])
+    q, k, v = qkv(rng, (B, H, L, D), (B, 1 if case == "gqa" else H, S, D),
+                  (B, 1 if case == "gqa" else H, S, D))
+    mask = None
+    kind = kw.pop("mask", None)
+    if kind == "bool":
+        mask = rng.random((L, S)) < 0.8
+    elif kind == "float":
+        mask = randn(rng, B, 1, L, S)
+        mask[..., ::7] = -np.inf
+    results = _per_thread_count(threads, lambda: sdpa(q, k, v, mask, return_lse=True, **kw))
+    _assert_all_same(results)
+    assert np.isfinite(results[0][1][..., -1]).all()
+
+
+def test_sdpa_bitwise_equal_for_any_thread_count_l_ne_s(rng, threads):
+    q, k, v = qkv(rng, (2, 2, 150, 24), (2, 2, 333, 24), (2, 2, 333, 40))
+    _assert_all_same(_per_thread_count(threads, lambda: sdpa(q, k, v, is_causal=True, return_lse=True)))
+
+
+def test_attention_weights_bitwise_equal_for_any_thread_count(rng, threads):
+    q, k = randn(rng, 2, 3, 200, 32), randn(rng, 2, 3, 250, 32)
+    _assert_all_same(_per_thread_count(threads, lambda: fastattn.attention_weights(q, k, is_causal=True)))
+
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax", "logsumexp"])
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_rowwise_bitwise_equal_for_any_thread_count(rng, threads, name, axis):
+    x = randn(rng, 2000, 500, scale=3.0)
+    _assert_all_same(_per_thread_count(threads, lambda: getattr(fastattn, name)(x, axis=axis)))
+
+
+def test_threadpoolctl_limit_gives_same_bits(rng, threads):
+    q, k, v = qkv(rng, (2, 3, 300, 32), (2, 3, 300, 32), (2, 3, 300, 32))
+    free = sdpa(q, k, v, is_causal=True)
+    with threadpoolctl.threadpool_limits(1, user_api="openmp"):
+        limited = sdpa(q, k, v, is_causal=True)
+    assert_same_bits(limited, free)
+
+
+# ------------------------------------------- independence of other rows
+
+@pytest.mark.parametrize("mask_kind", [None, "bool", "float"])
+def test_query_row_alone_equals_row_in_larger_call(rng, threads, mask_kind):
+    B, H, L, S, D = 2, 3, 64, 100, 32
+    q, k, v = qkv(rng, (B, H, L, D), (B, H, S, D), (B, H, S, 20))
+    mask = None
+    if mask_kind == "bool":
+        mask = rng.random((L, S)) < 0.7
+    elif mask_kind == "float":
+        mask = randn(rng, L, S)
+    threads(3)
+    full, full_lse = sdpa(q, k, v, mask, return_lse=True)
+    threads(1)
+    for i in (0, 1, 17, 40, 63):
+        row_mask = None if mask is None else mask[i:i + 1]
+        o, lse = sdpa(q[..., i:i + 1, :], k, v, row_mask, return_lse=True)
+        assert_same_bits(o, full[..., i:i + 1, :])
+        assert_same_bits(lse, full_lse[..., i:i + 1])
+
+
+@pytest.mark.parametrize("kw", [{"is_causal": True}, {"window": (20, 0)}, {"is_causal": True, "window": (5, 3)}],
+                         ids=str)
+def test_last_query_alone_equals_last_row_with_causal_or_window(rng, kw):
+    # bottom-right alignment: the last query sits at p = S - 1 whatever L is
+    # (one decoding step with a KV cache)
+    q, k, v = qkv(rng, (2, 3, 50, 16), (2, 3, 90, 16), (2, 3, 90, 8))
+    full, full_lse = sdpa(q, k, v, return_lse=True, **kw)
+    o, lse = sdpa(q[..., -1:, :], k, v, return_lse=True, **kw)
+    assert_same_bits(o, full[..., -1:, :])
+    assert_same_bits(lse, full_lse[..., -1:])
+
+
+def test_batch_element_alone_equals_it_in_batch(rng, threads):
+    q, k, v = qkv(rng, (4, 3, 70, 32), (4, 3, 120, 32), (4, 3, 120, 16))
+    mask = rng.random((4, 1, 70, 120)) < 0.8
+    threads(3)
+    full, full_lse = sdpa(q, k, v, mask, is_causal=True, return_lse=True)
+    threads(1)
+    for b in range(4):
+        o, lse = sdpa(q[b], k[b], v[b], mask[b], is_causal=True, return_lse=True)
+        assert_same_bits(o, full[b])
+        assert_same_bits(lse, full_lse[b])
+        o1, _ = sdpa(q[b:b + 1, 1:2], k[b:b + 1, 1:2], v[b:b + 1, 1:2], mask[b:b + 1], is_causal=True,
+                     return_lse=True)
+        assert_same_bits(o1, full[b:b + 1, 1:2])
+
+
+def test_softmax_row_alone_equals_row_in_larger_call(rng, threads):
+    x = randn(rng, 1000, 300, scale=2.0)
+    threads(3)
+    full = fastattn.softmax(x)
+    threads(1)
+    for i in (0, 1, 500, 999):
+        assert_same_bits(fastattn.softmax(x[i:i + 1]), full[i:i + 1])
+
+
+# ------------------------------------------------- calls from many threads
+
+def test_concurrent_calls_from_python_threads(rng):
+    problems = [qkv(rng, (2, 2, 120, 32), (2, 2, 150, 32), (2, 2, 150, 32)) for _ in range(6)]
+    xs = [randn(rng, 300, 200) for _ in range(6)]
+    serial = [sdpa(q, k, v, is_causal=True) for q, k, v in problems]
+    serial_sm = [fastattn.softmax(x) for x in xs]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        par = list(pool.map(lambda p: sdpa(*p, is_causal=True), problems * 2))
+        par_sm = list(pool.map(fastattn.softmax, xs * 2))
+    for a, b in zip(par, serial * 2):
+        assert_same_bits(a, b)
+    for a, b in zip(par_sm, serial_sm * 2):
+        assert_same_bits(a, b)
