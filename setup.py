@@ -18,7 +18,8 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-SOURCES = ["fastattn/_core.pyx", "csrc/rowwise.c", "csrc/attention.c", "csrc/config.c"]
+SOURCES = ["fastattn/_core.pyx", "csrc/rowwise.c", "csrc/attention.c", "csrc/config.c",
+           "csrc/dispatch.c", "csrc/kernels_generic.c", "csrc/kernels_avx2.c"]
 
 OPENMP_PROBE = textwrap.dedent(
     """
@@ -92,7 +93,8 @@ extensions = [
         "fastattn._core",
         sources=SOURCES,
         include_dirs=["csrc"],
-        depends=["csrc/fastattn.h", "csrc/fa_internal.h", "fastattn/_core.pxd"],
+        depends=["csrc/fastattn.h", "csrc/fa_internal.h", "csrc/fa_kernels.h", "csrc/kernels.inc",
+                 "fastattn/_core.pxd"],
     )
 ]
 

@@ -37,10 +37,3 @@ const char *fa_compiler(void)
     return "unknown C compiler";
 #endif
 }
-
-/* One portable path for now: C99 loops the compiler vectorises for the build's
- * baseline instruction set. */
-const char *fa_simd_kernel(void)
-{
-    return "generic";
-}

@@ -1,5 +1,9 @@
 /*
  * fa_internal.h -- helpers shared by the kernels (not part of the C contract).
+ *
+ * A file that compiles a SIMD variant defines FA_TARGET (a target attribute)
+ * before including this header, so that these helpers are compiled for, and
+ * inlined into, that variant's functions.
  */
 #ifndef FA_INTERNAL_H
 #define FA_INTERNAL_H
@@ -12,8 +16,15 @@
 #include <omp.h>
 #endif
 
+#ifndef FA_TARGET
+#define FA_TARGET
+#endif
+
 #ifndef INFINITY
 #define INFINITY (1.0f / 0.0f)
+#endif
+#ifndef NAN
+#define NAN (0.0f / 0.0f)
 #endif
 
 /*
@@ -28,7 +39,7 @@
  * t = -inf gives exactly 0, t = +inf gives +inf, NaN gives NaN.
  * Branch-free so the compiler can vectorise loops that call it.
  */
-static inline float fa_exp_d(double t)
+static inline FA_TARGET float fa_exp_d(double t)
 {
     const double shift = 6755399441055744.0; /* 1.5 * 2**52 */
     const double log2e = 1.4426950408889634074;
@@ -51,17 +62,48 @@ static inline float fa_exp_d(double t)
 }
 
 /* exp(x - m), the difference taken exactly in float64. */
-static inline float fa_exp_diff(float x, float m)
+static inline FA_TARGET float fa_exp_diff(float x, float m)
 {
     return fa_exp_d((double)x - (double)m);
 }
 
-/* NaN-propagating maximum: max(a, b), or NaN if either is NaN. */
-static inline float fa_max_nan(float a, float b)
+/*
+ * 2**x in float32 arithmetic, for the attention kernels' scores (which carry
+ * log2(e) in their scale, so exp(s) = 2**(s log2 e)).
+ *
+ * x = n + f with n = round(x), |f| <= 1/2 (exact); 2**f = exp(f ln2) by its
+ * degree-7 Taylor polynomial (truncation < 5e-9 relative); 2**n applied as two
+ * exact power-of-two factors so that subnormal results are rounded once.
+ * Within 2 ulp of 2**x (the tests hold it to that); -inf gives exactly 0,
+ * +inf gives +inf, NaN gives NaN. Branch-free, float32 only: it vectorises
+ * 8 or 16 wide.
+ */
+static inline FA_TARGET float fa_exp2f(float x)
 {
-    if (a != a || b != b)
-        return a + b;
-    return a > b ? a : b;
+    const float shift = 12582912.0f; /* 1.5 * 2**23 */
+    const float c1 = 0.693147180559945f, c2 = 0.240226506959101f,
+                c3 = 0.0555041086648216f, c4 = 0.00961812910762848f,
+                c5 = 0.00133335581464284f, c6 = 0.000154035303933816f,
+                c7 = 1.52527338040598e-05f;
+    int not_nan = (x == x);
+    float xc = not_nan ? x : 0.0f;
+    float y, n, f, p, s1, s2;
+    int32_t ni, n1, n2, b1, b2;
+    xc = xc < -151.0f ? -151.0f : xc; /* 2**-151 rounds to 0 */
+    xc = xc > 128.0f ? 128.0f : xc;   /* 2**128 rounds to +inf */
+    y = xc + shift;
+    n = y - shift;
+    f = xc - n;
+    p = 1.0f + f * (c1 + f * (c2 + f * (c3 + f * (c4 + f * (c5 + f * (c6 + f * c7))))));
+    memcpy(&ni, &y, sizeof ni);
+    ni -= 0x4B400000; /* the integer n, from the low bits of y */
+    n1 = ni / 2;
+    n2 = ni - n1;
+    b1 = (n1 + 127) << 23;
+    b2 = (n2 + 127) << 23;
+    memcpy(&s1, &b1, sizeof s1);
+    memcpy(&s2, &b2, sizeof s2);
+    return not_nan ? (p * s1) * s2 : x;
 }
 
 /* Threads actually used for `work` units (e.g. multiply-adds), given a cap. */

@@ -71,8 +71,17 @@ int fa_sdpa_f32(const fa_attn_args *a, float *out, float *lse, int nthreads);
 /* weights: nbatch * L * S floats, the softmax weights of the same computation. */
 int fa_attention_weights_f32(const fa_attn_args *a, float *weights, int nthreads);
 
-/* y[i] = exp(x[i]) with the exponential the kernels use (exposed for testing). */
+/* y[i] = exp(x[i]) with the float64-reduced exponential of the softmax family,
+ * and y[i] = 2**x[i] with the float32 one of the attention kernels (selected
+ * variant); exposed for the accuracy tests. */
 int fa_exp_f32(const float *x, float *y, int64_t n);
+int fa_exp2_f32(const float *x, float *y, int64_t n);
+
+/* SIMD variant: NULL/"auto" picks the best this CPU runs; "generic", "avx2".
+ * FA_ERR_ARG for an unknown name or one this CPU or build cannot run. */
+int fa_select_simd(const char *name);
+/* Comma-separated variants this CPU and build can run, e.g. "generic,avx2". */
+const char *fa_simd_available(void);
 
 /* Build and runtime facts for show_config(). */
 int fa_built_with_openmp(void);

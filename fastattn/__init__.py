@@ -3,7 +3,18 @@
 A compiled core (C kernels with OpenMP threads) behind a NumPy API that mirrors
 the pure-NumPy reference in :mod:`fastattn.reference` name for name.
 """
-from fastattn._api import (
+import os as _os
+import warnings as _warnings
+
+from fastattn import _core
+
+try:  # FASTATTN_SIMD=generic|avx2|auto forces a kernel path (default: auto)
+    _core.select_simd(_os.environ.get("FASTATTN_SIMD", "auto").strip().lower() or "auto")
+except ValueError as _exc:
+    _warnings.warn(f"FASTATTN_SIMD ignored: {_exc}", RuntimeWarning, stacklevel=2)
+    _core.select_simd("auto")
+
+from fastattn._api import (  # noqa: E402
     attention_weights,
     causal_attention,
     get_num_threads,
@@ -14,7 +25,7 @@ from fastattn._api import (
     sliding_window_attention,
     softmax,
 )
-from fastattn._config import show_config
+from fastattn._config import show_config  # noqa: E402
 
 __version__ = "0.1.0"
 

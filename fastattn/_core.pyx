@@ -115,6 +115,28 @@ def exp(const float[::1] x, float[::1] y):
     _check(status)
 
 
+def exp2(const float[::1] x, float[::1] y):
+    """y = 2**x with the attention kernels' exponential (selected SIMD variant)."""
+    cdef int status
+    with nogil:
+        status = fa_exp2_f32(_fptr(x), _wptr(y), x.shape[0])
+    _check(status)
+
+
+def select_simd(str name):
+    """Use the SIMD variant `name` ("auto", "generic", "avx2") from now on.
+
+    Raises ValueError for a name this CPU or build cannot run."""
+    if fa_select_simd(name.encode()) != FA_OK:
+        raise ValueError(f"SIMD kernel {name!r} is not available here; this CPU and build "
+                         f"run: auto, {fa_simd_available().decode().replace(',', ', ')}")
+
+
+def simd_available():
+    """The SIMD variants this CPU and build can run."""
+    return fa_simd_available().decode().split(",")
+
+
 def omp_max_threads():
     """OpenMP's current default thread count (1 in a build without OpenMP)."""
     return fa_omp_max_threads()

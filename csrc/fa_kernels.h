@@ -1,0 +1,66 @@
+/*
+ * fa_kernels.h -- the per-SIMD-variant kernels and their run-time selection.
+ *
+ * csrc/kernels.inc is compiled once per variant (kernels_generic.c,
+ * kernels_avx2.c, ...) into a table of function pointers; dispatch.c picks one
+ * table at import from the CPU's features (or FASTATTN_SIMD), and the drivers
+ * in rowwise.c and attention.c call through it.
+ */
+#ifndef FA_KERNELS_H
+#define FA_KERNELS_H
+
+#include "fastattn.h"
+
+#include <stdint.h>
+
+/* x86-64 builds with gcc or clang also compile an AVX2+FMA variant (target
+ * attributes); other compilers and architectures get the portable one. */
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
+#define FA_HAVE_X86_VARIANTS 1
+#endif
+
+#define FA_BQ 48 /* query rows per attention work unit (a multiple of every MR) */
+#define FA_BK 64 /* keys per tile */
+#define FA_NR 16 /* columns of a micro-kernel block: D is padded to it */
+
+/* Rows of one attention work unit: heads b0 .. b0+nh-1 (batch items that share
+ * k and v), query rows i0 .. i0+nq-1 of each; row r is (b0 + r / nq, i0 + r % nq). */
+typedef struct {
+    int64_t b0, nh, i0, nq;
+} fa_unit;
+
+/* Per-thread working memory of the attention kernels (sizes in fa_scratch_alloc). */
+typedef struct {
+    int64_t Dp, Dvp;  /* D and Dv rounded up to FA_NR */
+    float *qpad;      /* FA_BQ x Dp   the unit's query rows, zero padded */
+    float *kt;        /* Dp x FA_BK   the key tile, transposed, zero padded */
+    float *sc;        /* FA_BQ x FA_BK scores, then probabilities */
+    float *vpad;      /* FA_BK x Dvp  the value tile, zero padded */
+    float *tile;      /* FA_BQ x Dvp  one tile's P.V */
+    float *acc;       /* FA_BQ x Dvp  running accumulators */
+    float *m;         /* FA_BQ running maxima (log2 domain) */
+    float *alpha;     /* FA_BQ rescale factors of the current tile */
+    double *l;        /* FA_BQ running sums */
+    int64_t *lo, *hi; /* FA_BQ allowed key ranges */
+    unsigned char *live; /* FA_BQ: row has an allowed key in the current tile */
+} fa_scratch;
+
+typedef struct {
+    const char *name;
+    void (*rowwise_row)(const float *x, float *out, int64_t n, int op);
+    void (*sdpa_unit)(const fa_attn_args *a, const fa_unit *u, float *out, float *lse,
+                      fa_scratch *w);
+    void (*weights_unit)(const fa_attn_args *a, const fa_unit *u, float *weights,
+                         fa_scratch *w);
+    void (*exp2_array)(const float *x, float *y, int64_t n);
+} fa_kernel_table;
+
+extern const fa_kernel_table fa_kernels_generic;
+#if defined(FA_HAVE_X86_VARIANTS)
+extern const fa_kernel_table fa_kernels_avx2;
+#endif
+
+/* The table in use (selected on first use if fa_select_simd was not called). */
+const fa_kernel_table *fa_active_kernels(void);
+
+#endif /* FA_KERNELS_H */

@@ -1,0 +1,185 @@
+/* The AVX2 + FMA kernels: kernels.inc compiled for that target by attribute
+ * (so the rest of the build stays baseline), with an intrinsics micro-kernel;
+ * chosen at run time by dispatch.c. */
+#include "fa_kernels.h"
+
+#if defined(FA_HAVE_X86_VARIANTS)
+#include <immintrin.h>
+#include <math.h>
+
+#define FA_TARGET __attribute__((target("avx2,fma")))
+#define FA_NAME(x) x##_avx2
+#define FA_VARIANT_NAME "avx2"
+#define FA_MR 6
+
+/* One 6 x 16 block of C = A . B in twelve ymm accumulators, one fused
+ * multiply-add per element and step of d, d ascending. */
+#define FA_HAVE_GEMM_BLOCK 1
+static FA_TARGET void gemm_block_avx2(const float *a, int64_t lda, const float *b,
+                                      int64_t ldb, int64_t K, float *c, int64_t ldc)
+{
+    __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps();
+    __m256 c10 = _mm256_setzero_ps(), c11 = _mm256_setzero_ps();
+    __m256 c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps();
+    __m256 c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps();
+    __m256 c40 = _mm256_setzero_ps(), c41 = _mm256_setzero_ps();
+    __m256 c50 = _mm256_setzero_ps(), c51 = _mm256_setzero_ps();
+    int64_t d;
+    for (d = 0; d < K; d++) {
+        const __m256 b0 = _mm256_loadu_ps(b + d * ldb);
+        const __m256 b1 = _mm256_loadu_ps(b + d * ldb + 8);
+        __m256 ar;
+        ar = _mm256_broadcast_ss(a + d);
+        c00 = _mm256_fmadd_ps(ar, b0, c00);
+        c01 = _mm256_fmadd_ps(ar, b1, c01);
+        ar = _mm256_broadcast_ss(a + lda + d);
+        c10 = _mm256_fmadd_ps(ar, b0, c10);
+        c11 = _mm256_fmadd_ps(ar, b1, c11);
+        ar = _mm256_broadcast_ss(a + 2 * lda + d);
+        c20 = _mm256_fmadd_ps(ar, b0, c20);
+        c21 = _mm256_fmadd_ps(ar, b1, c21);
+        ar = _mm256_broadcast_ss(a + 3 * lda + d);
+        c30 = _mm256_fmadd_ps(ar, b0, c30);
+        c31 = _mm256_fmadd_ps(ar, b1, c31);
+        ar = _mm256_broadcast_ss(a + 4 * lda + d);
+        c40 = _mm256_fmadd_ps(ar, b0, c40);
+        c41 = _mm256_fmadd_ps(ar, b1, c41);
+        ar = _mm256_broadcast_ss(a + 5 * lda + d);
+        c50 = _mm256_fmadd_ps(ar, b0, c50);
+        c51 = _mm256_fmadd_ps(ar, b1, c51);
+    }
+    _mm256_storeu_ps(c, c00);
+    _mm256_storeu_ps(c + 8, c01);
+    _mm256_storeu_ps(c + ldc, c10);
+    _mm256_storeu_ps(c + ldc + 8, c11);
+    _mm256_storeu_ps(c + 2 * ldc, c20);
+    _mm256_storeu_ps(c + 2 * ldc + 8, c21);
+    _mm256_storeu_ps(c + 3 * ldc, c30);
+    _mm256_storeu_ps(c + 3 * ldc + 8, c31);
+    _mm256_storeu_ps(c + 4 * ldc, c40);
+    _mm256_storeu_ps(c + 4 * ldc + 8, c41);
+    _mm256_storeu_ps(c + 5 * ldc, c50);
+    _mm256_storeu_ps(c + 5 * ldc + 8, c51);
+}
+
+/* 2**x, eight lanes: fa_exp2f's algorithm with fused multiply-adds. */
+static inline FA_TARGET __m256 exp2_avx2(__m256 x)
+{
+    const __m256 shift = _mm256_set1_ps(12582912.0f);
+    const __m256i bias = _mm256_set1_epi32(127);
+    const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+    __m256 xc = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(128.0f)),
+                              _mm256_set1_ps(-151.0f));
+    __m256 y = _mm256_add_ps(xc, shift);
+    __m256 f = _mm256_sub_ps(xc, _mm256_sub_ps(y, shift));
+    __m256 p = _mm256_set1_ps(1.52527338040598e-05f);
+    __m256i n, n1, n2;
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.000154035303933816f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.00133335581464284f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.00961812910762848f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.0555041086648216f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.240226506959101f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.693147180559945f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    n = _mm256_sub_epi32(_mm256_castps_si256(y), _mm256_set1_epi32(0x4B400000));
+    n1 = _mm256_srai_epi32(n, 1);
+    n2 = _mm256_sub_epi32(n, n1);
+    p = _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23)));
+    p = _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23)));
+    return _mm256_blendv_ps(p, x, nan);
+}
+
+/* Sum of the eight lanes, in a fixed order. */
+static inline FA_TARGET float hsum_avx2(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* The tile softmax step, eight lanes at a time (see the portable versions). */
+#define FA_HAVE_TILE_SOFTMAX 1
+static FA_TARGET float tile_max_avx2(const float *s, float m)
+{
+    __m256 mx = _mm256_set1_ps(-INFINITY), nan = _mm256_setzero_ps();
+    __m128 h;
+    float r;
+    int jj;
+    for (jj = 0; jj < FA_BK; jj += 8) {
+        const __m256 x = _mm256_loadu_ps(s + jj);
+        mx = _mm256_max_ps(mx, x); /* a NaN x leaves mx; caught by `nan` */
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    }
+    if (_mm256_movemask_ps(nan) || m != m)
+        return NAN;
+    h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    r = _mm_cvtss_f32(h);
+    return r > m ? r : m;
+}
+
+static FA_TARGET double tile_exp_avx2(float *s, float m)
+{
+    const __m256 mv = _mm256_set1_ps(m);
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    __m256 sum = _mm256_setzero_ps();
+    int jj;
+    for (jj = 0; jj < FA_BK; jj += 8) {
+        const __m256 x = _mm256_loadu_ps(s + jj);
+        __m256 p = exp2_avx2(_mm256_sub_ps(x, mv));
+        p = _mm256_andnot_ps(_mm256_cmp_ps(x, ninf, _CMP_EQ_OQ), p); /* -inf: exactly 0 */
+        _mm256_storeu_ps(s + jj, p);
+        sum = _mm256_add_ps(sum, p);
+    }
+    return (double)hsum_avx2(sum);
+}
+
+/* kt[d * FA_BK + jj] = k[j0 + jj, d] (zero for jj >= nk): the key tile
+ * transposed in 8 x 8 blocks of registers. */
+#define FA_HAVE_PACK_KT 1
+static FA_TARGET void pack_kt_avx2(const float *k, int64_t D, int64_t j0, int64_t nk, float *kt)
+{
+    int64_t jb, d, jj;
+    for (jb = 0; jb < FA_BK; jb += 8) {
+        if (jb + 8 <= nk) {
+            const float *src = k + (j0 + jb) * D;
+            for (d = 0; d + 8 <= D; d += 8) {
+                __m256 r0 = _mm256_loadu_ps(src + d), r1 = _mm256_loadu_ps(src + D + d);
+                __m256 r2 = _mm256_loadu_ps(src + 2 * D + d), r3 = _mm256_loadu_ps(src + 3 * D + d);
+                __m256 r4 = _mm256_loadu_ps(src + 4 * D + d), r5 = _mm256_loadu_ps(src + 5 * D + d);
+                __m256 r6 = _mm256_loadu_ps(src + 6 * D + d), r7 = _mm256_loadu_ps(src + 7 * D + d);
+                __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+                __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+                __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
+                __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+                __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+                __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+                __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+                __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+                float *dst = kt + d * FA_BK + jb;
+                _mm256_storeu_ps(dst, _mm256_permute2f128_ps(u0, u4, 0x20));
+                _mm256_storeu_ps(dst + FA_BK, _mm256_permute2f128_ps(u1, u5, 0x20));
+                _mm256_storeu_ps(dst + 2 * FA_BK, _mm256_permute2f128_ps(u2, u6, 0x20));
+                _mm256_storeu_ps(dst + 3 * FA_BK, _mm256_permute2f128_ps(u3, u7, 0x20));
+                _mm256_storeu_ps(dst + 4 * FA_BK, _mm256_permute2f128_ps(u0, u4, 0x31));
+                _mm256_storeu_ps(dst + 5 * FA_BK, _mm256_permute2f128_ps(u1, u5, 0x31));
+                _mm256_storeu_ps(dst + 6 * FA_BK, _mm256_permute2f128_ps(u2, u6, 0x31));
+                _mm256_storeu_ps(dst + 7 * FA_BK, _mm256_permute2f128_ps(u3, u7, 0x31));
+            }
+            for (; d < D; d++)
+                for (jj = 0; jj < 8; jj++)
+                    kt[d * FA_BK + jb + jj] = src[jj * D + d];
+        } else {
+            for (jj = jb; jj < jb + 8; jj++)
+                for (d = 0; d < D; d++)
+                    kt[d * FA_BK + jj] = jj < nk ? k[(j0 + jj) * D + d] : 0.0f;
+        }
+    }
+}
+
+#include "kernels.inc"
+#else
+typedef int fa_no_avx2_variant; /* ISO C forbids an empty translation unit */
+#endif
