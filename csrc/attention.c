@@ -33,6 +33,8 @@ static void scratch_free(fa_scratch *w)
     free(w->lo);
     free(w->hi);
     free(w->live);
+    free(w->prow);
+    free(w->vrow);
 }
 
 static int scratch_alloc(fa_scratch *w, int64_t D, int64_t Dv)
@@ -55,8 +57,10 @@ static int scratch_alloc(fa_scratch *w, int64_t D, int64_t Dv)
     w->lo = (int64_t *)malloc(FA_BQ * sizeof(int64_t));
     w->hi = (int64_t *)malloc(FA_BQ * sizeof(int64_t));
     w->live = (unsigned char *)malloc(FA_BQ);
+    w->prow = (float *)malloc(FA_MAX_MR * FA_BK * sizeof(float));
+    w->vrow = (float *)malloc((FA_BK * Dvp + 1) * sizeof(float));
     if (!w->qpad || !w->kt || !w->sc || !w->vpad || !w->tile || !w->acc || !w->m
-        || !w->alpha || !w->l || !w->lo || !w->hi || !w->live) {
+        || !w->alpha || !w->l || !w->lo || !w->hi || !w->live || !w->prow || !w->vrow) {
         scratch_free(w);
         return FA_ERR_NOMEM;
     }

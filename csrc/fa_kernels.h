@@ -21,7 +21,8 @@
 
 #define FA_BQ 48 /* query rows per attention work unit (a multiple of every MR) */
 #define FA_BK 64 /* keys per tile */
-#define FA_NR 16 /* columns of a micro-kernel block: D is padded to it */
+#define FA_NR 16 /* columns of a micro-kernel block: Dv is padded to it */
+#define FA_MAX_MR 8 /* rows of a micro-kernel block, at most */
 
 /* Rows of one attention work unit: heads b0 .. b0+nh-1 (batch items that share
  * k and v), query rows i0 .. i0+nq-1 of each; row r is (b0 + r / nq, i0 + r % nq). */
@@ -43,6 +44,8 @@ typedef struct {
     double *l;        /* FA_BQ running sums */
     int64_t *lo, *hi; /* FA_BQ allowed key ranges */
     unsigned char *live; /* FA_BQ: row has an allowed key in the current tile */
+    float *prow;      /* FA_MAX_MR x FA_BK one row's probabilities, zero padded */
+    float *vrow;      /* FA_BK x Dvp  the value tile as one row weighs it */
 } fa_scratch;
 
 typedef struct {
