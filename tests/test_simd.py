@@ -1,0 +1,100 @@
+"""The SIMD kernel paths: selection, and the accuracy of the exponentials."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import fastattn
+from fastattn import _core
+
+PATHS = _core.simd_available()
+
+
+@pytest.fixture(params=PATHS)
+def simd(request):
+    """Run a test on each kernel path this CPU has, then restore the default."""
+    before = fastattn.show_config(print_=False)["simd"]
+    _core.select_simd(request.param)
+    yield request.param
+    _core.select_simd(before)
+
+
+def _ulp_error(got, want64):
+    """|got - want| in units of the float32 spacing at want."""
+    want32 = want64.astype(np.float32)
+    return np.abs(got.astype(np.float64) - want64) / np.spacing(np.abs(want32)).astype(np.float64)
+
+
+def test_generic_path_is_always_there():
+    assert "generic" in PATHS
+    assert fastattn.show_config(print_=False)["simd"] in PATHS
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_fastattn_simd_variable_forces_a_path(path):
+    code = "import fastattn; print(fastattn.show_config(print_=False)['simd'])"
+    env = dict(os.environ, FASTATTN_SIMD=path)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == path
+
+
+def test_unknown_simd_request_warns_and_falls_back():
+    code = "import fastattn; print(fastattn.show_config(print_=False)['simd'])"
+    env = dict(os.environ, FASTATTN_SIMD="no-such-path")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True)
+    assert "FASTATTN_SIMD ignored" in out.stderr
+    assert out.stdout.strip() in PATHS
+
+
+def test_select_simd_rejects_unknown_names():
+    with pytest.raises(ValueError, match="not available"):
+        _core.select_simd("sse9")
+
+
+def test_softmax_exp_within_one_ulp():
+    # Every float32 step over the range where exp is a normal or subnormal
+    # nonzero float32 (and a margin on each side), against float64's exp.
+    x = np.linspace(-104.0, 88.7, 4_000_001, dtype=np.float32)
+    y = np.empty_like(x)
+    _core.exp(x, y)
+    want = np.exp(x.astype(np.float64))
+    finite = want < np.finfo(np.float32).max
+    assert np.max(_ulp_error(y[finite], want[finite])) <= 1.0
+
+
+def test_attention_exp2_within_two_ulp(simd):
+    x = np.linspace(-151.0, 127.99, 4_000_001, dtype=np.float32)
+    x = np.concatenate([x, np.linspace(-1, 0, 100_001, dtype=np.float32)])
+    y = np.empty_like(x)
+    _core.exp2(x, y)
+    want = np.exp2(x.astype(np.float64))
+    assert np.max(_ulp_error(y, want)) <= 2.0
+
+
+@pytest.mark.parametrize("fn", [_core.exp, _core.exp2])
+def test_exponentials_special_values(fn, simd):
+    x = np.array([-np.inf, np.inf, np.nan, 0.0, -1000.0, 1000.0], np.float32)
+    y = np.empty_like(x)
+    fn(x, y)
+    assert y[0] == 0.0 and not np.signbit(y[0])
+    assert y[1] == np.inf
+    assert np.isnan(y[2])
+    assert y[3] == 1.0
+    assert y[4] == 0.0
+    assert y[5] == np.inf
+
+
+def test_paths_agree_with_the_reference(simd, rng):
+    q = rng.standard_normal((2, 3, 70, 24), dtype=np.float32)
+    k = rng.standard_normal((2, 3, 90, 24), dtype=np.float32)
+    v = rng.standard_normal((2, 3, 90, 20), dtype=np.float32)
+    for kw in ({}, {"is_causal": True}, {"window": (10, 2)}):
+        got, lse = fastattn.scaled_dot_product_attention(q, k, v, return_lse=True, **kw)
+        want, want_lse = fastattn.reference.scaled_dot_product_attention(q, k, v, return_lse=True,
+                                                                         **kw)
+        np.testing.assert_allclose(got, want, rtol=3e-5, atol=3e-6)
+        np.testing.assert_allclose(lse, want_lse, rtol=3e-5, atol=3e-6)
