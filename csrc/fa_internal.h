@@ -109,7 +109,7 @@ static inline FA_TARGET float fa_exp2f(float x)
 /* Threads actually used for `work` units (e.g. multiply-adds), given a cap. */
 static inline int fa_threads_for(int nthreads, double work, int64_t nitems)
 {
-    const double min_work_per_thread = 131072.0;
+    const double min_work_per_thread = 1048576.0; /* ~50 us: below it a thread costs more than it gives */
     int nt = nthreads < 1 ? 1 : nthreads;
     if (work < 2.0 * min_work_per_thread)
         return 1;

@@ -179,6 +179,167 @@ static FA_TARGET void pack_kt_avx2(const float *k, int64_t D, int64_t j0, int64_
     }
 }
 
+/* Lanes [0, n) of eight (n < 8), as a mask for maskload / maskstore. */
+static inline FA_TARGET __m256i tail_mask_avx2(int64_t n)
+{
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n),
+                              _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/*
+ * exp(x - m) in float32 for a finite row maximum m >= x, eight lanes.
+ * The difference is split exactly into s + err (Knuth's TwoSum), reduced as
+ * s = n ln2 + r (Cody-Waite, ln2 in two parts), exp(r + err) by its degree-7
+ * Taylor polynomial with fused multiply-adds, and 2**n applied as two exact
+ * power-of-two factors (subnormal results rounded once): within 2 ulp of
+ * exp(x - m) taken exactly (the tests hold it to that). x = -inf gives 0.
+ */
+static inline FA_TARGET __m256 exp_diff_avx2(__m256 x, __m256 m)
+{
+    const __m256 nm = _mm256_xor_ps(m, _mm256_set1_ps(-0.0f));
+    const __m256 s = _mm256_add_ps(x, nm);
+    const __m256 bb = _mm256_sub_ps(s, x);
+    const __m256 err = _mm256_add_ps(_mm256_sub_ps(x, _mm256_sub_ps(s, bb)),
+                                     _mm256_sub_ps(nm, bb));
+    const __m256 underflow = _mm256_cmp_ps(s, _mm256_set1_ps(-104.0f), _CMP_LT_OQ);
+    const __m256 sc = _mm256_max_ps(s, _mm256_set1_ps(-104.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(sc, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256i bias = _mm256_set1_epi32(127);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), sc);
+    __m256 p;
+    __m256i ni, n1, n2;
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    r = _mm256_add_ps(r, _mm256_andnot_ps(underflow, err));
+    p = _mm256_set1_ps(1.0f / 5040);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    ni = _mm256_cvtps_epi32(n);
+    n1 = _mm256_srai_epi32(ni, 1);
+    n2 = _mm256_sub_epi32(ni, n1);
+    p = _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23)));
+    p = _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23)));
+    return _mm256_andnot_ps(underflow, p);
+}
+
+/* Adds the eight floats of v to the four-double accumulators lo and hi. */
+static inline FA_TARGET void add_pd_avx2(__m256 v, __m256d *lo, __m256d *hi)
+{
+    *lo = _mm256_add_pd(*lo, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+    *hi = _mm256_add_pd(*hi, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+}
+
+static inline FA_TARGET double hsum_pd_avx2(__m256d lo, __m256d hi)
+{
+    __m256d s = _mm256_add_pd(lo, hi);
+    __m128d h = _mm_add_pd(_mm256_castpd256_pd128(s), _mm256_extractf128_pd(s, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)));
+}
+
+/* softmax / log_softmax / logsumexp of one row (the rules of rowwise.c):
+ * a max pass, a fused exp-store-sum pass (float64 sum), then the scale pass. */
+#define FA_HAVE_ROWWISE 1
+static FA_TARGET void rowwise_row_avx2(const float *x, float *out, int64_t n, int op)
+{
+    __m256 mx = _mm256_set1_ps(-INFINITY), nan = _mm256_setzero_ps(), mv;
+    __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+    __m256i ntop = _mm256_setzero_si256();
+    const int64_t nb = n / 8 * 8;
+    const __m256i tail = tail_mask_avx2(n - nb);
+    __m128 h;
+    float m;
+    double sum, top, logsum;
+    int64_t j;
+    for (j = 0; j < nb; j += 8) {
+        const __m256 v = _mm256_loadu_ps(x + j);
+        mx = _mm256_max_ps(mx, v);
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    }
+    if (nb < n) {
+        const __m256 v = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_maskload_ps(x + nb, tail),
+                                          _mm256_castsi256_ps(tail));
+        mx = _mm256_max_ps(mx, v);
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    }
+    h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    m = _mm_cvtss_f32(h);
+    if (_mm256_movemask_ps(nan)) {
+        m = NAN;
+    }
+    if (op == FA_OP_LOGSUMEXP && (m != m || m == INFINITY || m == -INFINITY)) {
+        *out = m; /* NaN, +inf, or all -inf / empty */
+        return;
+    }
+    if (m != m || m == INFINITY || m == -INFINITY) {
+        for (j = 0; j < n; j++) /* exp(inf - inf) and exp(-inf + inf) are NaN */
+            out[j] = NAN;
+        return;
+    }
+    /* exp(x - m), stored for softmax; the sum in two float64 parts as in the
+     * portable kernel: the count of entries equal to m (each adds exactly 1)
+     * and the sum of the others, so log(sum) = log1p((top - 1) + rest). */
+    mv = _mm256_set1_ps(m);
+    for (j = 0; j < nb; j += 8) {
+        const __m256 v = _mm256_loadu_ps(x + j);
+        const __m256 e = exp_diff_avx2(v, mv);
+        const __m256 is_top = _mm256_cmp_ps(v, mv, _CMP_EQ_OQ);
+        if (op == FA_OP_SOFTMAX)
+            _mm256_storeu_ps(out + j, e);
+        add_pd_avx2(_mm256_andnot_ps(is_top, e), &lo, &hi);
+        ntop = _mm256_sub_epi32(ntop, _mm256_castps_si256(is_top));
+    }
+    if (nb < n) {
+        const __m256 in = _mm256_castsi256_ps(tail);
+        const __m256 v = _mm256_maskload_ps(x + nb, tail);
+        const __m256 e = _mm256_and_ps(exp_diff_avx2(v, mv), in);
+        const __m256 is_top = _mm256_and_ps(_mm256_cmp_ps(v, mv, _CMP_EQ_OQ), in);
+        if (op == FA_OP_SOFTMAX)
+            _mm256_maskstore_ps(out + nb, tail, e);
+        add_pd_avx2(_mm256_andnot_ps(is_top, e), &lo, &hi);
+        ntop = _mm256_sub_epi32(ntop, _mm256_castps_si256(is_top));
+    }
+    {
+        int32_t counts[8];
+        int l;
+        _mm256_storeu_si256((__m256i *)counts, ntop);
+        top = 0.0;
+        for (l = 0; l < 8; l++)
+            top += (double)counts[l];
+    }
+    sum = hsum_pd_avx2(lo, hi);
+    logsum = log1p((top - 1.0) + sum);
+    if (op == FA_OP_LOGSUMEXP) {
+        *out = (float)((double)m + logsum);
+    } else if (op == FA_OP_SOFTMAX) {
+        const __m256d inv = _mm256_set1_pd(1.0 / (top + sum));
+        for (j = 0; j < nb; j += 8) {
+            const __m256 e = _mm256_loadu_ps(out + j);
+            const __m128 a = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(e)), inv));
+            const __m128 b = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)), inv));
+            _mm256_storeu_ps(out + j, _mm256_set_m128(b, a));
+        }
+        for (; j < n; j++)
+            out[j] = (float)((double)out[j] * _mm256_cvtsd_f64(inv));
+    } else {
+        const __m256d md = _mm256_set1_pd((double)m), ls = _mm256_set1_pd(logsum);
+        for (j = 0; j < nb; j += 8) { /* (x - m) - log(sum): x - m is exact in float64 */
+            const __m256 v = _mm256_loadu_ps(x + j);
+            const __m256d a = _mm256_sub_pd(_mm256_sub_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v)), md), ls);
+            const __m256d b = _mm256_sub_pd(_mm256_sub_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)), md), ls);
+            _mm256_storeu_ps(out + j, _mm256_set_m128(_mm256_cvtpd_ps(b), _mm256_cvtpd_ps(a)));
+        }
+        for (; j < n; j++)
+            out[j] = (float)(((double)x[j] - (double)m) - logsum);
+    }
+}
+
 #include "kernels.inc"
 #else
 typedef int fa_no_avx2_variant; /* ISO C forbids an empty translation unit */

@@ -7,15 +7,15 @@ check fails. ``python -m fastattn bench ...`` times a shape of one's own.
 """
 import argparse
 import sys
-import time
 
 import numpy as np
 
 import fastattn
 from fastattn import reference
+from fastattn._bench import grid, print_times, time_sdpa
 from fastattn._realinput import max_abs_err, real_input_checks
 
-SEED = 20261129
+SEED = 20261129  # of the random-input checks
 RTOL, ATOL = 1e-4, 1e-5  # float32 kernels against the float64 reference
 
 
@@ -96,79 +96,6 @@ def run_checks(out=sys.stdout):
     return all(ok for _, ok, _ in rows)
 
 
-# ----------------------------------------------------------------------------
-# Timing
-
-
-def _best_time(fn, repeat):
-    fn()  # warm up: page in the output, start the threads
-    best = np.inf
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
-def _torch():
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch
-
-
-def time_sdpa(batch, heads, L, S, D, causal=False, window=None, threads=None, repeat=3,
-              peers=("reference", "torch")):
-    """Best-of-`repeat` seconds of fastattn and its peers on one shape: a dict
-    implementation -> seconds (None where a peer is not installed or cannot
-    run the case)."""
-    rng = np.random.default_rng(SEED)
-    q = rng.standard_normal((batch, heads, L, D), dtype=np.float32)
-    k = rng.standard_normal((batch, heads, S, D), dtype=np.float32)
-    v = rng.standard_normal((batch, heads, S, D), dtype=np.float32)
-    kw = {"is_causal": causal, "window": window}
-    if threads is not None:
-        fastattn.set_num_threads(threads)
-    try:
-        times = {"fastattn": _best_time(
-            lambda: fastattn.scaled_dot_product_attention(q, k, v, **kw), repeat)}
-        if "reference" in peers:
-            times["reference"] = _best_time(
-                lambda: reference.scaled_dot_product_attention(q, k, v, **kw), 1)
-        torch = _torch() if "torch" in peers else None
-        if torch is not None and window is None and (not causal or L == S):
-            torch.set_num_threads(fastattn.get_num_threads())
-            tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
-
-            def run_torch():
-                with torch.no_grad():
-                    torch.nn.functional.scaled_dot_product_attention(tq, tk, tv,
-                                                                     is_causal=causal)
-            times["torch"] = _best_time(run_torch, repeat)
-        elif "torch" in peers:
-            times["torch"] = None
-    finally:
-        if threads is not None:
-            fastattn.set_num_threads(None)
-    return times
-
-
-def print_times(rows, out=sys.stdout):
-    """rows: (label, times dict); one line each, with speed-up columns."""
-    print(f"{'case':<42}{'fastattn':>10}{'reference':>11}{'torch':>10}"
-          f"{'ref/fa':>8}{'torch/fa':>9}", file=out)
-
-    def cell(t):
-        return f"{t * 1e3:>8.1f}ms" if t else f"{'-':>10}"
-
-    for label, t in rows:
-        fa, ref, tor = t["fastattn"], t.get("reference"), t.get("torch")
-        print(f"{label:<42}{cell(fa)}{cell(ref):>11}{cell(tor)}"
-              f"{(f'{ref / fa:7.1f}x' if ref else '       -'):>8}"
-              f"{(f'{tor / fa:8.1f}x' if tor else '        -'):>9}", file=out)
-
-
 def main_job(args):
     fastattn.show_config()
     print()
@@ -186,17 +113,38 @@ def main_job(args):
 
 
 def bench(args):
-    window = None
-    if args.window is not None:
-        window = (args.window - 1, 0)  # sliding_window_attention's window_size
+    shape_given = any(getattr(args, name) is not None for name in
+                      ("batch", "heads", "L", "S", "D", "window")) or args.causal
+    if args.threads is not None:
+        fastattn.set_num_threads(args.threads)
+    if not shape_given:
+        grid(repeat=args.repeat, memory=not args.no_memory)
+        return 0
+    B, H = args.batch or 1, args.heads or 8
+    L = args.L or 1024
+    S = L if args.S is None else args.S
+    D = args.D or 64
+    window = None if args.window is None else (args.window - 1, 0)  # window_size W
     peers = [p for p, on in (("reference", args.reference), ("torch", not args.no_torch)) if on]
-    times = time_sdpa(args.batch, args.heads, args.L, args.S or args.L, args.D,
-                      causal=args.causal, window=window, threads=args.threads,
-                      repeat=args.repeat, peers=peers)
-    label = (f"sdpa B={args.batch} H={args.heads} L={args.L} S={args.S or args.L} D={args.D}"
-             + (" causal" if args.causal else "") + (f" window={args.window}" if window else ""))
+    times = time_sdpa(B, H, L, S, D, causal=args.causal, window=window, repeat=args.repeat,
+                      peers=peers)
+    label = (f"sdpa B={B} H={H} L={L} S={S} D={D}" + (" causal" if args.causal else "")
+             + (f" window={args.window}" if window else ""))
     print_times([(label, times)])
     return 0
+
+
+def _count(minimum):
+    """An argparse type: an int >= minimum."""
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
+        return value
+    return parse
 
 
 def main(argv=None):
@@ -204,25 +152,33 @@ def main(argv=None):
         prog="python -m fastattn",
         description="Check fastattn's compiled kernels against the NumPy reference and "
                     "time them (the main job), or time a shape of your own (bench).")
-    parser.add_argument("--repeat", type=int, default=3, help="timed runs per case (best kept)")
+    parser.add_argument("--repeat", type=_count(1), default=3,
+                        help="timed runs per case (best kept)")
     sub = parser.add_subparsers(dest="command")
-    b = sub.add_parser("bench", help="time scaled_dot_product_attention on a shape you name",
-                       description="Time fastattn.scaled_dot_product_attention on q (B, H, L, D), "
-                                   "k and v (B, H, S, D), against PyTorch when installed.")
-    b.add_argument("--batch", "-B", type=int, default=1, help="batch size (default 1)")
-    b.add_argument("--heads", "-H", type=int, default=8, help="heads (default 8)")
-    b.add_argument("-L", type=int, default=1024, help="queries (default 1024)")
-    b.add_argument("-S", type=int, default=None, help="keys (default: L)")
-    b.add_argument("-D", type=int, default=64, help="head dimension (default 64)")
+    b = sub.add_parser(
+        "bench", help="time attention: the grid of speed targets, or a shape you name",
+        description="Without shape options: measure the grid of speed targets (SDPA against "
+                    "PyTorch, FLOP rate against NumPy's matmul, causal and sliding-window "
+                    "speed-ups, GQA decoding, softmax, thread scaling, peak memory) and print "
+                    "one row per target. With any shape option: time "
+                    "fastattn.scaled_dot_product_attention on q (B, H, L, D), k and v "
+                    "(B, H, S, D) against PyTorch (when installed) and optionally the reference.")
+    b.add_argument("--batch", "-B", type=_count(1), help="batch size (default 1)")
+    b.add_argument("--heads", "-H", type=_count(1), help="heads (default 8)")
+    b.add_argument("-L", type=_count(1), help="queries (default 1024)")
+    b.add_argument("-S", type=_count(0), help="keys (default: L)")
+    b.add_argument("-D", type=_count(1), help="head dimension (default 64)")
     b.add_argument("--causal", action="store_true", help="causal attention")
-    b.add_argument("--window", type=int, default=None, metavar="W",
+    b.add_argument("--window", type=_count(1), metavar="W",
                    help="sliding window of W keys: window=(W-1, 0)")
-    b.add_argument("--threads", type=int, default=None,
+    b.add_argument("--threads", type=_count(1), default=None,
                    help="fastattn (and torch) threads (default: OpenMP's)")
-    b.add_argument("--repeat", type=int, default=3, help="timed runs (best kept)")
+    b.add_argument("--repeat", type=_count(1), default=3, help="timed runs (best kept)")
     b.add_argument("--reference", action="store_true",
                    help="also time the NumPy reference (O(L*S) memory)")
     b.add_argument("--no-torch", action="store_true", help="do not time PyTorch")
+    b.add_argument("--no-memory", action="store_true",
+                   help="grid: skip the peak-memory run (causal L=16384, ~10 s)")
     args = parser.parse_args(argv)
     if args.command == "bench":
         return bench(args)

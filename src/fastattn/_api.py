@@ -7,6 +7,7 @@ import numpy as np
 
 from fastattn import _core
 from fastattn._validate import (
+    as_bool,
     as_float32,
     attention_inputs,
     check_out,
@@ -30,6 +31,7 @@ __all__ = [
 # Threads
 
 _num_threads = None  # set_num_threads(n); None = OpenMP's default
+_MAX_THREADS = 4096
 
 
 def set_num_threads(n):
@@ -38,7 +40,7 @@ def set_num_threads(n):
     Parameters
     ----------
     n : int or None
-        A count >= 1, or None to return to OpenMP's default (``OMP_NUM_THREADS``,
+        A count in [1, 4096], or None to return to OpenMP's default (``OMP_NUM_THREADS``,
         or a ``threadpoolctl.threadpool_limits(..., user_api="openmp")`` limit,
         read at each call).
 
@@ -47,7 +49,7 @@ def set_num_threads(n):
     TypeError
         If `n` is not an int or None.
     ValueError
-        If `n` < 1.
+        If `n` is not in [1, 4096].
 
     Notes
     -----
@@ -69,8 +71,8 @@ def set_num_threads(n):
         return
     if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)):
         raise TypeError(f"n must be an int >= 1 or None, got {type(n).__name__}")
-    if n < 1:
-        raise ValueError(f"n must be an int >= 1 or None, got {n}")
+    if not 1 <= n <= _MAX_THREADS:
+        raise ValueError(f"n must be an int in [1, {_MAX_THREADS}] or None, got {n}")
     _num_threads = int(n)
 
 
@@ -87,7 +89,7 @@ def get_num_threads():
     """
     if _num_threads is not None:
         return _num_threads
-    return max(1, int(_core.omp_max_threads()))
+    return min(_MAX_THREADS, max(1, int(_core.omp_max_threads())))
 
 
 # ----------------------------------------------------------------------------
@@ -274,7 +276,7 @@ def logsumexp(x, axis=-1, *, keepdims=False, out=None):
     >>> fastattn.logsumexp(np.zeros((2, 0)))
     array([-inf, -inf], dtype=float32)
     """
-    keepdims = bool(keepdims)
+    keepdims = as_bool(keepdims, "keepdims")
     return _rowwise(x, axis, out, _core.OP_LOGSUMEXP, keepdims=keepdims)
 
 
@@ -315,6 +317,8 @@ def _run_attention(a, result, lse=None, weights=False):
     """Run the attention kernel on validated inputs `a` (AttentionInputs) into
     `result` (the output, or the weights when `weights`) and `lse`."""
     nbatch = int(np.prod(a.batch, dtype=np.int64))
+    if nbatch == 0:
+        return
     flat_mask, mask_off, mask_sl, mask_ss = None, np.zeros(0, np.int64), 0, 0
     if a.mask is not None:
         mask_off, mask_sl, mask_ss = _offsets(a.mask, a.batch + (a.L, a.S))
@@ -322,7 +326,6 @@ def _run_attention(a, result, lse=None, weights=False):
         flat = a.mask.reshape(-1)
         flat_mask = flat.view(np.uint8) if flat.dtype == np.bool_ else flat
     left, right = a.window
-    reach = a.L + a.S + 1  # a window side wider than this is unbounded
     v = a.v if a.v is not None else np.zeros((1, 0), np.float32)
     _core.attention(
         a.q.reshape(-1), a.k.reshape(-1), v.reshape(-1),
@@ -330,7 +333,7 @@ def _run_attention(a, result, lse=None, weights=False):
         _kv_offsets(a.k, a), _kv_offsets(v, a) if a.v is not None else np.zeros(nbatch, np.int64),
         nbatch, a.L, a.S, a.D, a.Dv,
         flat_mask, mask_off, mask_sl, mask_ss, a.is_causal,
-        -1 if left is None else min(left, reach), -1 if right is None else min(right, reach),
+        -1 if left is None else left, -1 if right is None else right,
         a.scale, result.reshape(-1), None if lse is None else lse.reshape(-1),
         get_num_threads(), weights,
     )
@@ -353,6 +356,12 @@ _ATTENTION_RULES = """
     allowed scores: no allowed key, or m = -inf, gives an output row of 0 and
     lse -inf (never NaN); a NaN among the allowed scores gives a NaN row (lse
     NaN); m = +inf gives a NaN row and lse +inf.
+
+    The kernels compute in float32 (dot products accumulated in float32,
+    sums of weights in float64): a score whose magnitude exceeds the float32
+    range (about 3.4e38, e.g. ``q . k`` of entries near 1e20) becomes +-inf
+    and the rules above apply, where the float64 reference still has a
+    finite score.
 """
 
 
@@ -464,7 +473,7 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, wi
                                ("q", a.q), ("k", a.k), ("v", a.v), ("attn_mask", a.mask)])
     else:
         out = np.empty(shape, np.float32)
-    return_lse = bool(return_lse)
+    return_lse = as_bool(return_lse, "return_lse")
     lse = np.empty(a.batch + (a.L,), np.float32) if return_lse else None
     _run_attention(a, out, lse)
     return (out, lse) if return_lse else out
@@ -594,7 +603,8 @@ def attention_weights(q, k, attn_mask=None, *, is_causal=False, window=None, sca
     >>> w.round(4), float(w.sum())
     (array([[0.4011, 0.1978, 0.4011]], dtype=float32), 1.0)
     """
-    a = attention_inputs(q, k, None, attn_mask, is_causal, window, scale, enable_gqa)
+    a = attention_inputs(q, k, None, attn_mask, is_causal, window, scale, enable_gqa,
+                         with_v=False)
     weights = np.zeros(a.batch + (a.L, a.S), np.float32)
     _run_attention(a, weights, weights=True)
     return weights

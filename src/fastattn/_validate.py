@@ -26,6 +26,9 @@ def as_float32(x, name):
 
     Raises TypeError unless `x` converts to a real floating dtype.
     """
+    if isinstance(x, np.ma.MaskedArray):
+        raise TypeError(f"{name} must be a plain array, not a masked array (its mask would be "
+                        f"ignored): pass numpy.ma.filled({name}, value) or an attn_mask")
     try:
         arr = np.asarray(x)
     except (TypeError, ValueError) as exc:
@@ -43,6 +46,17 @@ def as_bool(value, name):
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
     raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+
+
+def compact_broadcast(arr):
+    """`arr` with each broadcast (stride-0) axis cut to length 1: what a view
+    from numpy.broadcast_to holds, at its own size. It broadcasts back to
+    `arr`'s shape, so a later C-contiguous copy stays small."""
+    if not isinstance(arr, np.ndarray) or arr.size == 0:
+        return arr
+    index = tuple(slice(0, 1) if st == 0 and n > 1 else slice(None)
+                  for n, st in zip(arr.shape, arr.strides))
+    return arr[index]
 
 
 def normalize_axis(axis, ndim):
@@ -169,16 +183,16 @@ class AttentionInputs:
     group: int                  # query heads per kv head (1 without GQA)
 
 
-def attention_inputs(q, k, v, attn_mask, is_causal, window, scale, enable_gqa):
-    """Validate and convert the arguments of SDPA (v=None for attention_weights)."""
-    names = ("q", "k") if v is None else ("q", "k", "v")
+def attention_inputs(q, k, v, attn_mask, is_causal, window, scale, enable_gqa, with_v=True):
+    """Validate and convert the arguments of SDPA (with_v=False: attention_weights)."""
+    names = ("q", "k", "v") if with_v else ("q", "k")
     arrays = [as_float32(x, name) for x, name in zip((q, k, v), names)]
     for arr, name in zip(arrays, names):
         if arr.ndim < 2:
             raise ValueError(f"{name} must have at least 2 dimensions (..., rows, features), "
                              f"got shape {arr.shape}")
     q, k = arrays[:2]
-    v = arrays[2] if v is not None else None
+    v = arrays[2] if with_v else None
     L, D = q.shape[-2:]
     S = k.shape[-2]
     if D < 1:
@@ -202,14 +216,16 @@ def attention_inputs(q, k, v, attn_mask, is_causal, window, scale, enable_gqa):
                              f"heads, got k {k.shape} and v {v.shape}")
         if Hkv < 1 or Hq % Hkv != 0:
             raise ValueError(f"with enable_gqa=True, q's heads ({Hq}) must be a multiple of "
-                             f"k's heads ({Hkv})")
-        group = Hq // Hkv
+                             f"k's heads ({Hkv} >= 1)")
+        group = max(1, Hq // Hkv)  # Hq = 0: an empty result
         batch = _broadcast([a.shape[:-3] for a in arrays], "/".join(names)) + (Hq,)
     else:
         batch = _broadcast([a.shape[:-2] for a in arrays], "/".join(names))
     mask = None
     if attn_mask is not None:
-        mask = np.asarray(attn_mask)
+        if isinstance(attn_mask, np.ma.MaskedArray):
+            raise TypeError("attn_mask must be a plain bool or float array, not a masked array")
+        mask = compact_broadcast(np.asarray(attn_mask))
         if mask.dtype == np.bool_:
             mask = np.ascontiguousarray(mask)
         elif mask.dtype.kind == "f":
@@ -225,8 +241,10 @@ def attention_inputs(q, k, v, attn_mask, is_causal, window, scale, enable_gqa):
         if not ok:
             raise ValueError(f"attn_mask of shape {mask.shape} does not broadcast to "
                              f"(..., L, S) = {target}")
+    # A window side wider than any distance between a query and a key is
+    # unbounded; clamping it keeps every position in int64.
+    window = tuple(None if side is None else min(side, L + S) for side in check_window(window))
     return AttentionInputs(
         q=q, k=k, v=v, mask=mask, batch=batch, L=L, S=S, D=D, Dv=Dv,
-        scale=check_scale(scale, D), is_causal=is_causal, window=check_window(window),
-        group=group,
+        scale=check_scale(scale, D), is_causal=is_causal, window=window, group=group,
     )

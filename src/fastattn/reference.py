@@ -60,12 +60,25 @@ def softmax(x, axis=-1, *, out=None):
     return _finish(result, out, [("x", x)])
 
 
+def _log_sum(x64, m, ax):
+    """log(sum(exp(x - m))) along `ax`. Where m is finite the entries equal to
+    m add exactly 1 each and the rest add less, so the log is taken as
+    log1p((count - 1) + rest): accurate also when the sum is 1 + a tiny rest
+    (log(1 + 1e-16) would lose it). Elsewhere, IEEE arithmetic as written."""
+    with np.errstate(all="ignore"):
+        e = np.exp(x64 - m)
+        top = x64 == m
+        rest = np.sum(np.where(top, 0.0, e), axis=ax, keepdims=True)
+        log1p_form = np.log1p((np.sum(top, axis=ax, keepdims=True) - 1.0) + rest)
+        return np.where(np.isfinite(m), log1p_form, np.log(np.sum(e, axis=ax, keepdims=True)))
+
+
 def log_softmax(x, axis=-1, *, out=None):
     """Reference log_softmax: ``(x - m) - log(sum(exp(x - m)))`` along `axis`."""
     x64, ax = _slices(x, axis)
     with np.errstate(all="ignore"):
         m = np.max(x64, axis=ax, keepdims=True, initial=-np.inf)
-        result = (x64 - m) - np.log(np.sum(np.exp(x64 - m), axis=ax, keepdims=True))
+        result = (x64 - m) - _log_sum(x64, m, ax)
     return _finish(result, out, [("x", x)])
 
 
@@ -79,7 +92,7 @@ def logsumexp(x, axis=-1, *, keepdims=False, out=None):
     with np.errstate(all="ignore"):
         m = np.max(x64, axis=ax, keepdims=True, initial=-np.inf)
         shift = np.where(np.isfinite(m), m, 0.0)
-        result = shift + np.log(np.sum(np.exp(x64 - shift), axis=ax, keepdims=True))
+        result = shift + _log_sum(x64, shift, ax)
     if not keepdims:
         result = np.squeeze(result, axis=ax)
     return _finish(result, out, [("x", x)])
@@ -114,7 +127,7 @@ def _scores(a):
     elif a.mask is not None:  # float mask: added; -inf there masks the key
         fmask = a.mask.astype(np.float64)
         with np.errstate(invalid="ignore"):
-            s = np.where(fmask == -np.inf, -np.inf, s + fmask)
+            s = np.where(fmask == -np.inf, -np.inf, s + fmask)  # IEEE: -inf + inf is NaN
     return np.where(allowed, s, -np.inf)
 
 
@@ -152,6 +165,10 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, wi
     """Reference SDPA: ``softmax(scale * q @ k^T + mask) @ v`` over the allowed
     keys, step by step in float64 (see :func:`fastattn.scaled_dot_product_attention`)."""
     a = attention_inputs(q, k, v, attn_mask, is_causal, window, scale, enable_gqa)
+    if 0 in a.batch:  # no batch item (e.g. no query heads under GQA): empty results
+        o, lse = np.zeros(a.batch + (a.L, a.Dv)), np.zeros(a.batch + (a.L,))
+        result = _finish(o, out, [("q", q), ("k", k), ("v", v), ("attn_mask", attn_mask)])
+        return (result, lse.astype(np.float32)) if return_lse else result
     s = _scores(a)
     w, lse = _softmax_rows(s)
     vv = a.v.astype(np.float64)
@@ -182,7 +199,10 @@ def sliding_window_attention(q, k, v, window_size, attn_mask=None, **kwargs):
 def attention_weights(q, k, attn_mask=None, *, is_causal=False, window=None, scale=None,
                       enable_gqa=False):
     """Reference attention weights, shape (..., L, S)."""
-    a = attention_inputs(q, k, None, attn_mask, is_causal, window, scale, enable_gqa)
+    a = attention_inputs(q, k, None, attn_mask, is_causal, window, scale, enable_gqa,
+                         with_v=False)
+    if 0 in a.batch:
+        return np.zeros(a.batch + (a.L, a.S), np.float32)
     w, _ = _softmax_rows(_scores(a))
     return np.ascontiguousarray(w, dtype=np.float32)
 

@@ -1,0 +1,115 @@
+"""Faults found by reviewing 0.1, each held to the right value (issue #2)."""
+import math
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import fastattn
+from fastattn import reference
+
+IMPLS = [fastattn, reference]
+IDS = ["fastattn", "reference"]
+
+
+@pytest.mark.parametrize("mod", IMPLS, ids=IDS)
+def test_v_none_is_a_type_error_naming_v(mod):
+    x = np.ones((2, 3, 4), np.float32)
+    with pytest.raises(TypeError, match="v must"):
+        mod.scaled_dot_product_attention(x, x, None)
+
+
+@pytest.mark.parametrize("mod", IMPLS, ids=IDS)
+def test_gqa_with_no_query_heads_gives_an_empty_result(mod):
+    q = np.ones((2, 0, 3, 4), np.float32)
+    kv = np.ones((2, 2, 5, 4), np.float32)
+    out, lse = mod.scaled_dot_product_attention(q, kv, kv, enable_gqa=True, return_lse=True)
+    assert out.shape == (2, 0, 3, 4) and lse.shape == (2, 0, 3)
+    assert mod.attention_weights(q, kv, enable_gqa=True).shape == (2, 0, 3, 5)
+
+
+def test_reference_accepts_windows_wider_than_int64(rng):
+    q = rng.standard_normal((5, 4), dtype=np.float32)
+    k = rng.standard_normal((7, 4), dtype=np.float32)
+    want = reference.scaled_dot_product_attention(q, k, k, window=(None, 0))
+    for mod in IMPLS:
+        np.testing.assert_allclose(mod.scaled_dot_product_attention(q, k, k, window=(2**80, 0)),
+                                   want, rtol=3e-5, atol=3e-6)
+        np.testing.assert_allclose(mod.sliding_window_attention(q, k, k, 10**30), want,
+                                   rtol=3e-5, atol=3e-6)
+
+
+def test_absurd_thread_counts_are_rejected_at_set_time():
+    with pytest.raises(ValueError, match="n must be"):
+        fastattn.set_num_threads(2**40)
+    assert fastattn.softmax(np.ones(3, np.float32)).shape == (3,)
+
+
+def test_broadcast_mask_view_is_not_materialised(rng):
+    B, H, L, S = 1, 64, 256, 256
+    q = rng.standard_normal((B, H, L, 8), dtype=np.float32)
+    mask = np.broadcast_to(np.tril(np.ones((L, S), bool)), (B, H, L, S))
+    out = np.empty((B, H, L, 8), np.float32)
+    tracemalloc.start()
+    fastattn.scaled_dot_product_attention(q, q, q, mask, out=out)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < B * H * L * S // 8, f"{peak} bytes traced: the mask was expanded"
+
+
+@pytest.mark.parametrize("mod", IMPLS, ids=IDS)
+def test_minus_inf_score_plus_inf_float_mask_is_nan(mod):
+    # IEEE: -inf + inf is NaN, and a NaN among the allowed scores is a NaN row.
+    q = np.array([[1.0, 0.0]], np.float32)
+    k = np.array([[-np.inf, 0.0], [1.0, 0.0]], np.float32)
+    out = mod.scaled_dot_product_attention(q, k, np.eye(2, dtype=np.float32),
+                                           np.array([[np.inf, 0.0]], np.float32))
+    assert np.isnan(out).all()
+
+
+@pytest.mark.parametrize("mod", IMPLS, ids=IDS)
+def test_flags_must_be_bools(mod):
+    x = np.ones((2, 3), np.float32)
+    with pytest.raises(TypeError, match="return_lse"):
+        mod.scaled_dot_product_attention(x, x, x, return_lse="no")
+    with pytest.raises(TypeError, match="keepdims"):
+        fastattn.logsumexp(x, keepdims="no")
+
+
+@pytest.mark.parametrize("simd", fastattn._core.simd_available())
+@pytest.mark.parametrize("mod", IMPLS, ids=IDS)
+def test_log_softmax_near_zero_is_accurate(mod, simd):
+    # log_softmax([0, -35])[0] = -log1p(e**-35), about -6.3e-16: log(1 + tiny)
+    # would round the tiny part away.
+    before = fastattn.show_config(print_=False)["simd"]
+    fastattn._core.select_simd(simd)
+    try:
+        x = np.array([0.0, -35.0], np.float32)
+        want = -math.log1p(math.exp(-35.0))
+        got = mod.log_softmax(x)[0]
+        assert abs(got - want) <= 2 * np.spacing(np.float32(abs(want)))
+        got = mod.logsumexp(x)
+        assert abs(got + want) <= 2 * np.spacing(np.float32(abs(want)))
+    finally:
+        fastattn._core.select_simd(before)
+
+
+@pytest.mark.parametrize("mod", IMPLS, ids=IDS)
+def test_masked_arrays_are_rejected(mod):
+    x = np.ma.masked_array([1.0, 2.0], mask=[0, 1])
+    with pytest.raises(TypeError, match="masked array"):
+        mod.softmax(x)
+    q = np.ones((2, 3), np.float32)
+    with pytest.raises(TypeError, match="attn_mask"):
+        mod.scaled_dot_product_attention(q, q, q, np.ma.masked_array(np.ones((2, 2), bool)))
+
+
+@pytest.mark.parametrize("argv", [["-L", "0"], ["--repeat", "0"], ["--threads", "0"],
+                                  ["-D", "0"], ["-S", "-1"], ["-L", "x"]])
+def test_bench_rejects_bad_counts(argv, capsys):
+    from fastattn.__main__ import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", *argv])
+    assert exc.value.code == 2
+    assert "expected an integer" in capsys.readouterr().err
