@@ -13,6 +13,7 @@ checking, not for speed.
 import numpy as np
 
 from fastattn._validate import (
+    as_bool,
     as_float32,
     attention_inputs,
     check_out,
@@ -89,6 +90,7 @@ def logsumexp(x, axis=-1, *, keepdims=False, out=None):
     gives +inf and an all -inf (or empty) slice gives -inf.
     """
     x64, ax = _slices(x, axis)
+    keepdims = as_bool(keepdims, "keepdims")
     with np.errstate(all="ignore"):
         m = np.max(x64, axis=ax, keepdims=True, initial=-np.inf)
         shift = np.where(np.isfinite(m), m, 0.0)
@@ -165,6 +167,7 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, wi
     """Reference SDPA: ``softmax(scale * q @ k^T + mask) @ v`` over the allowed
     keys, step by step in float64 (see :func:`fastattn.scaled_dot_product_attention`)."""
     a = attention_inputs(q, k, v, attn_mask, is_causal, window, scale, enable_gqa)
+    return_lse = as_bool(return_lse, "return_lse")
     if 0 in a.batch:  # no batch item (e.g. no query heads under GQA): empty results
         o, lse = np.zeros(a.batch + (a.L, a.Dv)), np.zeros(a.batch + (a.L,))
         result = _finish(o, out, [("q", q), ("k", k), ("v", v), ("attn_mask", attn_mask)])
