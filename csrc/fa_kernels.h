@@ -19,7 +19,7 @@
 #define FA_HAVE_X86_VARIANTS 1
 #endif
 
-#define FA_BQ 48 /* query rows per attention work unit (a multiple of every MR) */
+#define FA_BQ 96 /* query rows per attention work unit (a multiple of every MR) */
 #define FA_BK 64 /* keys per tile */
 #define FA_NR 16 /* columns of a micro-kernel block: Dv is padded to it */
 #define FA_MAX_MR 8 /* rows of a micro-kernel block, at most */
