@@ -50,7 +50,11 @@ typedef struct {
 
 typedef struct {
     const char *name;
-    void (*rowwise_row)(const float *x, float *out, int64_t n, int op);
+    /* scratch: NULL or n floats of per-thread working memory for the
+     * exponentials (so that softmax writes `out` once); stream: write `out`
+     * with non-temporal stores where the variant has them (large outputs). */
+    void (*rowwise_row)(const float *x, float *out, int64_t n, int op, float *scratch,
+                        int stream);
     void (*sdpa_unit)(const fa_attn_args *a, const fa_unit *u, float *out, float *lse,
                       fa_scratch *w);
     void (*weights_unit)(const fa_attn_args *a, const fa_unit *u, float *weights,

@@ -241,11 +241,23 @@ static inline FA_TARGET double hsum_pd_avx2(__m256d lo, __m256d hi)
     return _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)));
 }
 
+/* Stores eight floats; non-temporally (bypassing the caches) when asked and
+ * the address allows it, for outputs too large to stay in cache. */
+static inline FA_TARGET void store_avx2(float *p, __m256 v, int stream)
+{
+    if (stream && ((uintptr_t)p & 31) == 0)
+        _mm256_stream_ps(p, v);
+    else
+        _mm256_storeu_ps(p, v);
+}
+
 /* softmax / log_softmax / logsumexp of one row (the rules of rowwise.c):
  * a max pass, a fused exp-store-sum pass (float64 sum), then the scale pass. */
 #define FA_HAVE_ROWWISE 1
-static FA_TARGET void rowwise_row_avx2(const float *x, float *out, int64_t n, int op)
+static FA_TARGET void rowwise_row_avx2(const float *x, float *out, int64_t n, int op,
+                                       float *scratch, int stream)
 {
+    float *buf = scratch ? scratch : out; /* where softmax keeps exp(x - m) */
     __m256 mx = _mm256_set1_ps(-INFINITY), nan = _mm256_setzero_ps(), mv;
     __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
     __m256i ntop = _mm256_setzero_si256();
@@ -291,7 +303,7 @@ static FA_TARGET void rowwise_row_avx2(const float *x, float *out, int64_t n, in
         const __m256 e = exp_diff_avx2(v, mv);
         const __m256 is_top = _mm256_cmp_ps(v, mv, _CMP_EQ_OQ);
         if (op == FA_OP_SOFTMAX)
-            _mm256_storeu_ps(out + j, e);
+            _mm256_storeu_ps(buf + j, e);
         add_pd_avx2(_mm256_andnot_ps(is_top, e), &lo, &hi);
         ntop = _mm256_sub_epi32(ntop, _mm256_castps_si256(is_top));
     }
@@ -301,7 +313,7 @@ static FA_TARGET void rowwise_row_avx2(const float *x, float *out, int64_t n, in
         const __m256 e = _mm256_and_ps(exp_diff_avx2(v, mv), in);
         const __m256 is_top = _mm256_and_ps(_mm256_cmp_ps(v, mv, _CMP_EQ_OQ), in);
         if (op == FA_OP_SOFTMAX)
-            _mm256_maskstore_ps(out + nb, tail, e);
+            _mm256_maskstore_ps(buf + nb, tail, e);
         add_pd_avx2(_mm256_andnot_ps(is_top, e), &lo, &hi);
         ntop = _mm256_sub_epi32(ntop, _mm256_castps_si256(is_top));
     }
@@ -320,24 +332,26 @@ static FA_TARGET void rowwise_row_avx2(const float *x, float *out, int64_t n, in
     } else if (op == FA_OP_SOFTMAX) {
         const __m256d inv = _mm256_set1_pd(1.0 / (top + sum));
         for (j = 0; j < nb; j += 8) {
-            const __m256 e = _mm256_loadu_ps(out + j);
+            const __m256 e = _mm256_loadu_ps(buf + j);
             const __m128 a = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(e)), inv));
             const __m128 b = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)), inv));
-            _mm256_storeu_ps(out + j, _mm256_set_m128(b, a));
+            store_avx2(out + j, _mm256_set_m128(b, a), stream);
         }
         for (; j < n; j++)
-            out[j] = (float)((double)out[j] * _mm256_cvtsd_f64(inv));
+            out[j] = (float)((double)buf[j] * _mm256_cvtsd_f64(inv));
     } else {
         const __m256d md = _mm256_set1_pd((double)m), ls = _mm256_set1_pd(logsum);
         for (j = 0; j < nb; j += 8) { /* (x - m) - log(sum): x - m is exact in float64 */
             const __m256 v = _mm256_loadu_ps(x + j);
             const __m256d a = _mm256_sub_pd(_mm256_sub_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v)), md), ls);
             const __m256d b = _mm256_sub_pd(_mm256_sub_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)), md), ls);
-            _mm256_storeu_ps(out + j, _mm256_set_m128(_mm256_cvtpd_ps(b), _mm256_cvtpd_ps(a)));
+            store_avx2(out + j, _mm256_set_m128(_mm256_cvtpd_ps(b), _mm256_cvtpd_ps(a)), stream);
         }
         for (; j < n; j++)
             out[j] = (float)(((double)x[j] - (double)m) - logsum);
     }
+    if (stream)
+        _mm_sfence(); /* order the non-temporal stores before the caller's next ones */
 }
 
 #include "kernels.inc"

@@ -13,12 +13,14 @@
 #include "fa_kernels.h"
 #include "fa_internal.h"
 
+#include <stdlib.h>
+
 int fa_rowwise_f32(const float *x, float *out, int64_t nrows, int64_t n, int op,
                    int nthreads)
 {
     const fa_kernel_table *kern = fa_active_kernels();
     int64_t r;
-    int nt;
+    int nt, stream;
     if (nrows < 0 || n < 0 || nthreads < 1)
         return FA_ERR_ARG;
     if (op != FA_OP_SOFTMAX && op != FA_OP_LOG_SOFTMAX && op != FA_OP_LOGSUMEXP)
@@ -30,13 +32,26 @@ int fa_rowwise_f32(const float *x, float *out, int64_t nrows, int64_t n, int op,
     if (!out && (n > 0 || op == FA_OP_LOGSUMEXP))
         return FA_ERR_ARG;
     nt = fa_threads_for(nthreads, 8.0 * (double)nrows * (double)(n > 0 ? n : 1), nrows);
+    /* An output larger than the last-level cache is written with non-temporal
+     * stores (no read-for-ownership); softmax keeps its exponentials in a
+     * per-thread row buffer so that it writes `out` only once. */
+    stream = op != FA_OP_LOGSUMEXP && (double)nrows * (double)n * 4.0 > 16.0 * 1024 * 1024;
     (void)nt;
 #ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+#pragma omp parallel num_threads(nt) if (nt > 1)
 #endif
-    for (r = 0; r < nrows; r++) {
-        float *o = op == FA_OP_LOGSUMEXP ? out + r : out + r * n;
-        kern->rowwise_row(x + r * n, o, n, op);
+    {
+        float *scratch = NULL;
+        if (op == FA_OP_SOFTMAX && n <= 65536)
+            scratch = (float *)malloc((size_t)n * sizeof(float)); /* NULL: use out */
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+        for (r = 0; r < nrows; r++) {
+            float *o = op == FA_OP_LOGSUMEXP ? out + r : out + r * n;
+            kern->rowwise_row(x + r * n, o, n, op, scratch, stream);
+        }
+        free(scratch);
     }
     return FA_OK;
 }
