@@ -6,7 +6,10 @@ fails the core is built single-threaded with a warning; set
 FASTATTN_REQUIRE_OPENMP=1 to make that an error (release builds), or
 FASTATTN_DISABLE_OPENMP=1 to build without OpenMP on purpose.
 No -march=native and no -ffast-math: wheels must run on any CPU of their
-architecture, and the masking rules rely on IEEE -inf and NaN.
+architecture, and the masking rules rely on IEEE -inf and NaN. The flags used
+keep IEEE results: -fno-math-errno (libm need not set errno) and
+-fno-trapping-math (no floating-point traps are enabled, so the compiler may
+turn the kernels' selects into vector blends).
 """
 import os
 import sys
@@ -68,7 +71,7 @@ class BuildExt(build_ext):
         if compiler.compiler_type == "msvc":
             base = ["/O2", "/fp:precise"]
         else:
-            base = ["-O3", "-std=c99", "-fno-math-errno", "-Wall", "-Wextra",
+            base = ["-O3", "-std=c99", "-fno-math-errno", "-fno-trapping-math", "-Wall", "-Wextra",
                     "-Wno-unused-function", "-Wno-unreachable-code"]
         omp_compile, omp_link = [], []
         if _flag("FASTATTN_DISABLE_OPENMP"):

@@ -28,43 +28,42 @@
 #endif
 
 /*
- * exp(t) rounded once to float32, for a float64 argument t.
- *
- * Range reduction t = n ln2 + r with |r| <= ln2/2 in float64 (n by the
- * 1.5 * 2**52 rounding trick, so no float->int conversion is needed), a degree-8
- * Taylor polynomial for exp(r) (truncation error < 2.2e-10 relative), and the
- * factor 2**n built directly in the exponent bits of a double. Every step is
- * float64, so the only error that matters is the final rounding to float32:
- * the result is within 0.51 ulp of exp(t), subnormal results included.
- * t = -inf gives exactly 0, t = +inf gives +inf, NaN gives NaN.
- * Branch-free so the compiler can vectorise loops that call it.
+ * exp(x - m) in float32 for a finite m >= x (a row's maximum), x = -inf
+ * included (exactly 0). The difference is split exactly into s + err (Knuth's
+ * TwoSum), reduced as s = n ln2 + r (Cody-Waite, ln2 in two parts; n by the
+ * 1.5 * 2**23 rounding trick), exp(r + err) by its degree-7 Taylor polynomial
+ * (truncation < 5e-9 relative), and 2**n applied as two exact power-of-two
+ * factors so that subnormal results are rounded once. Within 2 ulp of
+ * exp(x - m) taken exactly (the tests hold every SIMD variant to that).
+ * Branch-free float32 code, so the compiler can vectorise the loops that call
+ * it; kernels_avx2.c has the same algorithm in intrinsics.
  */
-static inline FA_TARGET float fa_exp_d(double t)
-{
-    const double shift = 6755399441055744.0; /* 1.5 * 2**52 */
-    const double log2e = 1.4426950408889634074;
-    const double ln2 = 0.69314718055994530942;
-    int not_nan = (t == t);
-    double tc = not_nan ? t : 0.0;
-    double y, n, r, p, scale;
-    uint64_t bits;
-    tc = tc < -160.0 ? -160.0 : tc; /* exp(-160) rounds to 0 in float32 */
-    tc = tc > 100.0 ? 100.0 : tc;   /* exp(100) rounds to +inf in float32 */
-    y = tc * log2e + shift;         /* round(tc / ln2) sits in the low bits of y */
-    n = y - shift;
-    r = tc - n * ln2;
-    p = 1.0 + r * (1.0 + r * (1.0 / 2 + r * (1.0 / 6 + r * (1.0 / 24 + r * (1.0 / 120
-        + r * (1.0 / 720 + r * (1.0 / 5040 + r * (1.0 / 40320))))))));
-    memcpy(&bits, &y, sizeof bits);
-    bits = (bits + 1023u) << 52; /* the exponent field of 2**n, n in [-231, 145] */
-    memcpy(&scale, &bits, sizeof scale);
-    return not_nan ? (float)(p * scale) : (float)t;
-}
-
-/* exp(x - m), the difference taken exactly in float64. */
 static inline FA_TARGET float fa_exp_diff(float x, float m)
 {
-    return fa_exp_d((double)x - (double)m);
+    const float shift = 12582912.0f; /* 1.5 * 2**23 */
+    const float s = x - m;
+    const float bb = s - x;
+    const float err = (x - (s - bb)) + (-m - bb);
+    const int under = s < -104.0f; /* exp(-104) rounds to 0 in float32 */
+    const float sc = under ? -104.0f : s;
+    const float y = sc * 1.44269504088896341f + shift; /* round(sc / ln2) in its low bits */
+    const float n = y - shift;
+    float r, p, s1, s2;
+    int32_t ni, n1, n2, b1, b2;
+    r = sc - n * 0.693359375f;          /* exact: ln2's first 9 bits */
+    r = r - n * -2.12194440e-4f;        /* the rest of ln2 */
+    r = r + (under ? 0.0f : err);
+    p = 1.0f + r * (1.0f + r * (1.0f / 2 + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120
+        + r * (1.0f / 720 + r * (1.0f / 5040)))))));
+    memcpy(&ni, &y, sizeof ni);
+    ni -= 0x4B400000; /* the integer n, from the low bits of y */
+    n1 = ni / 2;
+    n2 = ni - n1;
+    b1 = (n1 + 127) << 23;
+    b2 = (n2 + 127) << 23;
+    memcpy(&s1, &b1, sizeof s1);
+    memcpy(&s2, &b2, sizeof s2);
+    return under ? 0.0f : (p * s1) * s2;
 }
 
 /*

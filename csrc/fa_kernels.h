@@ -59,6 +59,7 @@ typedef struct {
                       fa_scratch *w);
     void (*weights_unit)(const fa_attn_args *a, const fa_unit *u, float *weights,
                          fa_scratch *w);
+    void (*exp_diff_array)(const float *x, float m, float *y, int64_t n);
     void (*exp2_array)(const float *x, float *y, int64_t n);
 } fa_kernel_table;
 

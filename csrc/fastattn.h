@@ -71,10 +71,10 @@ int fa_sdpa_f32(const fa_attn_args *a, float *out, float *lse, int nthreads);
 /* weights: nbatch * L * S floats, the softmax weights of the same computation. */
 int fa_attention_weights_f32(const fa_attn_args *a, float *weights, int nthreads);
 
-/* y[i] = exp(x[i]) with the float64-reduced exponential of the softmax family,
- * and y[i] = 2**x[i] with the float32 one of the attention kernels (selected
- * variant); exposed for the accuracy tests. */
-int fa_exp_f32(const float *x, float *y, int64_t n);
+/* The exponentials of the selected SIMD variant, exposed for the accuracy
+ * tests: y[i] = exp(x[i] - m) as the softmax family computes it (m finite,
+ * x[i] <= m), and y[i] = 2**x[i] as the attention kernels compute it. */
+int fa_exp_diff_f32(const float *x, float m, float *y, int64_t n);
 int fa_exp2_f32(const float *x, float *y, int64_t n);
 
 /* SIMD variant: NULL/"auto" picks the best this CPU runs; "generic", "avx2".

@@ -227,6 +227,15 @@ static inline FA_TARGET __m256 exp_diff_avx2(__m256 x, __m256 m)
     return _mm256_andnot_ps(underflow, p);
 }
 
+/* exp(x - m) of one float through the eight-lane code, so that every path of
+ * this variant computes the same values. */
+static inline FA_TARGET float exp_diff_one_avx2(float x, float m)
+{
+    return _mm_cvtss_f32(_mm256_castps256_ps128(exp_diff_avx2(_mm256_set1_ps(x),
+                                                              _mm256_set1_ps(m))));
+}
+#define FA_EXP_DIFF exp_diff_one_avx2
+
 /* Adds the eight floats of v to the four-double accumulators lo and hi. */
 static inline FA_TARGET void add_pd_avx2(__m256 v, __m256d *lo, __m256d *hi)
 {

@@ -56,12 +56,11 @@ int fa_rowwise_f32(const float *x, float *out, int64_t nrows, int64_t n, int op,
     return FA_OK;
 }
 
-int fa_exp_f32(const float *x, float *y, int64_t n)
+int fa_exp_diff_f32(const float *x, float m, float *y, int64_t n)
 {
-    int64_t j;
-    if (n < 0 || (n > 0 && (!x || !y)))
+    if (n < 0 || (n > 0 && (!x || !y)) || !(m > -INFINITY && m < INFINITY))
         return FA_ERR_ARG;
-    for (j = 0; j < n; j++)
-        y[j] = fa_exp_d((double)x[j]);
+    if (n > 0)
+        fa_active_kernels()->exp_diff_array(x, m, y, n);
     return FA_OK;
 }

@@ -107,11 +107,12 @@ def attention(const float[::1] q, const float[::1] k, const float[::1] v,
     _check(status)
 
 
-def exp(const float[::1] x, float[::1] y):
-    """y = exp(x) with the kernels' exponential (for the accuracy tests)."""
+def exp_diff(const float[::1] x, float m, float[::1] y):
+    """y = exp(x - m) as the softmax kernels compute it (m finite, x <= m;
+    selected SIMD variant), for the accuracy tests."""
     cdef int status
     with nogil:
-        status = fa_exp_f32(_fptr(x), _wptr(y), x.shape[0])
+        status = fa_exp_diff_f32(_fptr(x), m, _wptr(y), x.shape[0])
     _check(status)
 
 
