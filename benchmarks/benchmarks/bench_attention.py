@@ -1,0 +1,128 @@
+"""Scaled dot-product attention: speed, GFLOP/s, memory and accuracy."""
+import numpy as np
+
+import fastattn
+from fastattn import reference
+
+from .common import IMPLS, random, sdpa_fn, set_threads
+
+
+class SDPA:
+    """B=1, H=8 self-attention, causal and not (issue #4's grid)."""
+
+    params = (IMPLS, [1, 2], [64, 128], [1024, 4096], [False, True])
+    param_names = ["impl", "threads", "D", "L", "causal"]
+    timeout = 300
+
+    def setup(self, impl, threads, D, L, causal):
+        if impl == "reference" and L > 1024:
+            raise NotImplementedError("the reference is O(L*S) in memory and time")
+        self.limits = set_threads(impl, threads)
+        q, k, v = (random((1, 8, L, D), seed) for seed in range(3))
+        self.fn = sdpa_fn(impl, q, k, v, is_causal=causal)
+
+    def teardown(self, *args):
+        fastattn.set_num_threads(None)
+        if self.limits is not None:
+            self.limits.restore_original_limits()
+
+    def time_sdpa(self, *args):
+        self.fn()
+
+
+class SDPAGflops:
+    """fastattn's rate on L=S=4096, D=128, not causal, against a NumPy matmul."""
+
+    params = [["fastattn", "numpy-matmul"]]
+    param_names = ["what"]
+    timeout = 300
+
+    def track_gflops(self, what):
+        import time
+
+        if what == "numpy-matmul":
+            a = random((4096, 4096))
+            a @ a
+            t0 = time.perf_counter()
+            a @ a
+            return 2 * 4096**3 / (time.perf_counter() - t0) / 1e9
+        q, k, v = (random((1, 8, 4096, 128), seed) for seed in range(3))
+        fastattn.scaled_dot_product_attention(q, k, v)
+        t0 = time.perf_counter()
+        fastattn.scaled_dot_product_attention(q, k, v)
+        return 4 * 8 * 4096 * 4096 * 128 / (time.perf_counter() - t0) / 1e9
+
+    track_gflops.unit = "GFLOP/s"
+
+
+class SlidingWindow:
+    """sliding_window_attention, window 256, against full causal attention."""
+
+    params = ([4096, 8192, 16384], ["window-256", "causal"])
+    param_names = ["L", "mask"]
+    timeout = 300
+
+    def setup(self, L, mask):
+        self.q, self.k, self.v = (random((1, 8, L, 64), seed) for seed in range(3))
+
+    def time_attention(self, L, mask):
+        if mask == "causal":
+            fastattn.causal_attention(self.q, self.k, self.v)
+        else:
+            fastattn.sliding_window_attention(self.q, self.k, self.v, 256)
+
+
+class Decode:
+    """One new token over a 16k KV cache, GQA 32/8 heads, D=128."""
+
+    params = [["fastattn", "torch", "copy-kv"]]
+    param_names = ["impl"]
+
+    def setup(self, impl):
+        self.q = random((1, 32, 1, 128), 0)
+        self.k = random((1, 8, 16384, 128), 1)
+        self.v = random((1, 8, 16384, 128), 2)
+        if impl == "copy-kv":
+            self.fn = lambda: (self.k.copy(), self.v.copy())
+        else:
+            set_threads(impl, 2)
+            self.fn = sdpa_fn(impl, self.q, self.k, self.v, enable_gqa=True)
+
+    def teardown(self, impl):
+        fastattn.set_num_threads(None)
+
+    def time_decode(self, impl):
+        self.fn()
+
+
+class PeakMemory:
+    """Causal B=1, H=8, L=S=16384, D=64: inputs and output are 128 MiB."""
+
+    timeout = 300
+
+    def setup(self):
+        self.q, self.k, self.v = (random((1, 8, 16384, 64), seed) for seed in range(3))
+        self.out = np.zeros_like(self.q)
+
+    def peakmem_causal_16k(self):
+        fastattn.causal_attention(self.q, self.k, self.v, out=self.out)
+
+    def peakmem_inputs_and_output_only(self):
+        """The baseline: what the process holds without the call."""
+
+
+class Accuracy:
+    """Max abs error against float64 on B=1, H=4, L=S=1024, D=64."""
+
+    params = [["fastattn", "torch"], [False, True]]
+    param_names = ["impl", "causal"]
+
+    def setup(self, impl, causal):
+        q, k, v = (random((1, 4, 1024, 64), seed) for seed in range(3))
+        self.got = sdpa_fn(impl, q, k, v, is_causal=causal)()
+        self.want = reference.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    def track_max_abs_error(self, impl, causal):
+        return float(np.max(np.abs(np.asarray(self.got, np.float64) - self.want)))
+
+    track_max_abs_error.unit = "abs error"

@@ -1,0 +1,30 @@
+"""softmax along the last axis, against a plain copy and PyTorch."""
+import numpy as np
+
+import fastattn
+
+from .common import random, torch_or_skip
+
+
+class Softmax:
+    params = (["fastattn", "torch", "copy"], [(16384, 2048), (64, 32768)], [1, 2])
+    param_names = ["impl", "shape", "threads"]
+
+    def setup(self, impl, shape, threads):
+        self.x = random(shape)
+        if impl == "torch":
+            torch = torch_or_skip()
+            torch.set_num_threads(threads)
+            tx = torch.from_numpy(self.x)
+            self.fn = lambda: torch.softmax(tx, dim=-1)
+        elif impl == "copy":
+            self.fn = self.x.copy
+        else:
+            fastattn.set_num_threads(threads)
+            self.fn = lambda: fastattn.softmax(self.x, axis=-1)
+
+    def teardown(self, *args):
+        fastattn.set_num_threads(None)
+
+    def time_softmax(self, *args):
+        self.fn()
