@@ -23,6 +23,9 @@ if [ ! -e "$LIBASAN" ]; then
     exit 1
 fi
 
+# The build needs Cython and setuptools in this python (pip's isolated build had them).
+"$PY" -c "import Cython, setuptools" 2>/dev/null || "$PY" -m pip install --quiet "Cython>=3.0" setuptools
+
 echo "== sanitize: building with -fsanitize=address,undefined into $WORK =="
 # A scratch copy, so the in-place (non-sanitized) build of the checkout is untouched.
 mkdir -p "$WORK/src"
@@ -32,7 +35,7 @@ rm -f "$WORK"/src/fastattn/_core*.so "$WORK"/src/fastattn/_core.c
 SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all -g -O1"
 (cd "$WORK" && CFLAGS="$SAN" LDFLAGS="-fsanitize=address,undefined" \
     "$PY" setup.py -q build_ext --inplace >build.log 2>&1) || { cat "$WORK/build.log"; exit 1; }
-ldd "$WORK"/src/fastattn/_core*.so | grep -q libasan || { echo "sanitize: not linked to libasan" >&2; exit 1; }
+nm -D "$WORK"/src/fastattn/_core*.so | grep -q __asan_report || { echo "sanitize: the core is not instrumented" >&2; exit 1; }
 
 export LD_PRELOAD="$LIBASAN"
 export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:halt_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1"
@@ -58,6 +61,6 @@ if [ "${SANITIZE_VALGRIND:-0}" = "1" ]; then
     export PYTHONPATH="$ROOT/src"   # the ordinary in-place build
     echo "== valgrind memcheck smoke run (errors in fastattn's own code fail it) =="
     # PYTHONMALLOC=malloc: pymalloc's arena probing is a known valgrind false positive.
-    PYTHONMALLOC=malloc valgrind --tool=memcheck --error-exitcode=3 --errors-for-leak-kinds=none \
-        --leak-check=no "$PY" tools/smoke.py
+    PYTHONMALLOC=malloc valgrind --trace-children=no --tool=memcheck --error-exitcode=3 --errors-for-leak-kinds=none \
+        --leak-check=no "$("$PY" -c "import sys; print(sys.executable)")" tools/smoke.py
 fi
