@@ -7,6 +7,7 @@ itself can be checked against independent hand computations.
 """
 
 import math
+import os
 import zlib
 
 import numpy as np
@@ -16,8 +17,16 @@ from hypothesis import settings
 import fastattn
 from fastattn import reference
 
-settings.register_profile("fastattn", deadline=None, max_examples=40, database=None)
-settings.load_profile("fastattn")
+# derandomize: the same examples on every run, so CI is reproducible.
+# HYPOTHESIS_PROFILE=fastattn-sanitize (tools/sanitize.sh) runs fewer of them;
+settings.register_profile("fastattn", deadline=None, max_examples=40, database=None,
+                          derandomize=True)
+settings.register_profile("fastattn-sanitize", parent=settings.get_profile("fastattn"),
+                          max_examples=10)
+# HYPOTHESIS_PROFILE=fastattn-explore: a long random search, to hunt for new faults.
+settings.register_profile("fastattn-explore", parent=settings.get_profile("fastattn"),
+                          max_examples=1000, derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fastattn"))
 
 EPS32 = float(np.finfo(np.float32).eps)
 FMAX = float(np.finfo(np.float32).max)

@@ -3,6 +3,8 @@
 Python validates and shapes (fastattn._validate), fastattn._core releases the
 GIL and calls one C entry point, and C works on contiguous float32 buffers.
 """
+import os as _os
+
 import numpy as np
 
 from fastattn import _core
@@ -32,6 +34,36 @@ __all__ = [
 
 _num_threads = None  # set_num_threads(n); None = OpenMP's default
 _MAX_THREADS = 4096
+
+# GNU libgomp does not survive fork(): in a child made by fork after the parent
+# has run an OpenMP parallel region, the next parallel region waits forever for
+# worker threads that only existed in the parent (LLVM's libomp re-initialises
+# at fork). So in a forked child under libgomp (or an unknown runtime) fastattn
+# runs single-threaded: the same bits, only slower. spawn / forkserver children
+# start a fresh runtime and use threads as usual.
+_forked = False
+_fork_safe = None  # cached: does the OpenMP runtime survive fork?
+
+
+def _after_fork_in_child():
+    global _forked
+    _forked = True
+
+
+if hasattr(_os, "register_at_fork"):
+    _os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _runtime_survives_fork():
+    global _fork_safe
+    if _fork_safe is None:
+        if not _core.build_info()["openmp"]:
+            _fork_safe = True
+        else:
+            from fastattn._config import _openmp_runtime
+            path = (_openmp_runtime() or {}).get("filepath") or ""
+            _fork_safe = "libomp" in path or "libiomp" in path
+    return _fork_safe
 
 
 def set_num_threads(n):
@@ -85,8 +117,13 @@ def get_num_threads():
         The value given to :func:`set_num_threads`, or else OpenMP's current
         default (``omp_get_max_threads()``, which honours ``OMP_NUM_THREADS`` and
         threadpoolctl); 1 in a build without OpenMP. Problems too small to gain
-        from threads run on one thread whatever this says.
+        from threads run on one thread whatever this says. In a child process
+        made by ``fork`` it is 1 when the OpenMP runtime is GNU libgomp, whose
+        threads cannot run after a fork (they would hang); children made by
+        ``spawn`` or ``forkserver`` use threads as usual.
     """
+    if _forked and not _runtime_survives_fork():
+        return 1
     if _num_threads is not None:
         return _num_threads
     return min(_MAX_THREADS, max(1, int(_core.omp_max_threads())))

@@ -52,8 +52,8 @@ def compact_broadcast(arr):
     """`arr` with each broadcast (stride-0) axis cut to length 1: what a view
     from numpy.broadcast_to holds, at its own size. It broadcasts back to
     `arr`'s shape, so a later C-contiguous copy stays small."""
-    if not isinstance(arr, np.ndarray) or arr.size == 0:
-        return arr
+    if not isinstance(arr, np.ndarray) or arr.size == 0 or arr.ndim == 0:
+        return arr  # (indexing a 0-d array with () would give its scalar)
     index = tuple(slice(0, 1) if st == 0 and n > 1 else slice(None)
                   for n, st in zip(arr.shape, arr.strides))
     return arr[index]
@@ -110,7 +110,10 @@ def check_scale(scale, D):
         return 1.0 / math.sqrt(D)
     if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, numbers.Real):
         raise TypeError(f"scale must be a real number or None, got {type(scale).__name__}")
-    value = float(scale)
+    try:
+        value = float(scale)
+    except OverflowError:  # an int beyond float64's range
+        value = math.inf
     if not math.isfinite(value) or abs(value) > _FLOAT32_MAX:
         raise ValueError(f"scale must be finite (in float32), got {scale!r}")
     return value
@@ -225,14 +228,18 @@ def attention_inputs(q, k, v, attn_mask, is_causal, window, scale, enable_gqa, w
     if attn_mask is not None:
         if isinstance(attn_mask, np.ma.MaskedArray):
             raise TypeError("attn_mask must be a plain bool or float array, not a masked array")
-        mask = compact_broadcast(np.asarray(attn_mask))
-        if mask.dtype == np.bool_:
-            mask = np.ascontiguousarray(mask)
-        elif mask.dtype.kind == "f":
-            mask = np.ascontiguousarray(mask, dtype=np.float32)
-        else:
+        try:
+            mask = np.asarray(attn_mask)
+        except (TypeError, ValueError) as exc:  # e.g. a ragged nested list
+            raise TypeError(f"attn_mask must be a bool or real floating array: {exc}") from None
+        if mask.dtype != np.bool_ and mask.dtype.kind != "f":
             raise TypeError(f"attn_mask must be a bool or real floating array, got dtype "
                             f"{mask.dtype}")
+        mask = compact_broadcast(mask)
+        if mask.dtype == np.bool_:
+            mask = np.ascontiguousarray(mask)
+        else:
+            mask = np.ascontiguousarray(mask, dtype=np.float32)
         target = batch + (L, S)
         try:
             ok = np.broadcast_shapes(mask.shape, target) == target
