@@ -35,6 +35,7 @@ static void scratch_free(fa_scratch *w)
     free(w->live);
     free(w->prow);
     free(w->vrow);
+    free(w->allow);
 }
 
 static int scratch_alloc(fa_scratch *w, int64_t D, int64_t Dv)
@@ -59,8 +60,10 @@ static int scratch_alloc(fa_scratch *w, int64_t D, int64_t Dv)
     w->live = (unsigned char *)malloc(FA_BQ);
     w->prow = (float *)malloc(FA_MAX_MR * FA_BK * sizeof(float));
     w->vrow = (float *)malloc((FA_BK * Dvp + 1) * sizeof(float));
+    w->allow = (unsigned char *)malloc(FA_BQ * FA_BK);
     if (!w->qpad || !w->kt || !w->sc || !w->vpad || !w->tile || !w->acc || !w->m
-        || !w->alpha || !w->l || !w->lo || !w->hi || !w->live || !w->prow || !w->vrow) {
+        || !w->alpha || !w->l || !w->lo || !w->hi || !w->live || !w->prow || !w->vrow
+        || !w->allow) {
         scratch_free(w);
         return FA_ERR_NOMEM;
     }

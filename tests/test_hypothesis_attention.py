@@ -96,9 +96,10 @@ def problems(draw, nonfinite=True, max_side=11, batch_dims=2):
             mask = rng.standard_normal(mshape).astype(np.float32)
             mask[rng.random(mshape) < 0.25] = -np.inf
     if nonfinite:
-        # Not into v under the huge scales: a NaN/inf value row whose weight
-        # underflows to 0 is a known kernel fault with its own test
-        # (test_reliability_faults.py::test_nan_value_row_with_underflowing_weight).
+        # Not into v under the huge scales: an inf value row whose weight
+        # underflows to 0 in float32 (but not in the float64 reference) gives
+        # 0 * inf = NaN in the kernel and inf in the reference. The NaN case has
+        # its own test (test_reliability_faults.py).
         for arr in (q, k) + (() if integer else (v,)) + ((mask,) if mask_kind == "float" else ()):
             n = draw(st.integers(0, 2))
             if n and arr.size:

@@ -1,8 +1,7 @@
 """Faults found by the reliability work (issue #6), each held by a test.
 
-Kernel faults are marked xfail(strict=True) until the kernels are fixed
-(csrc/ is being changed elsewhere); the Python-side ones were fixed in
-fastattn._validate and pass.
+The kernel fault (NaN value rows of allowed keys with an underflowing weight)
+was fixed in csrc/kernels.inc; the Python-side ones in fastattn._validate.
 """
 import numpy as np
 import pytest
@@ -32,18 +31,13 @@ def _two_allowed_keys(nan_key_first, S=200):
 @pytest.mark.parametrize("mod", IMPLS, ids=IDS)
 @pytest.mark.parametrize("nan_key_first", [True, False], ids=["nan-key-first", "nan-key-last"])
 @pytest.mark.parametrize("scale", [100.0, 1e30])
-def test_nan_value_row_with_underflowing_weight(mod, nan_key_first, scale, request):
+def test_nan_value_row_with_underflowing_weight(mod, nan_key_first, scale):
     # SPEC 3: o_i = sum over allowed j of w_ij v_j; only keys that are not
     # allowed (or score -inf, D3) are skipped. An allowed key with a finite
     # score has a positive weight, so a NaN in its value row makes o_i NaN,
-    # whatever the key order. The kernel instead skips value rows whose float32
-    # weight underflowed to 0, but only when the underflow is seen in the key
-    # tile being processed: the result depends on key order.
-    if mod is fastattn and not nan_key_first:
-        request.applymarker(pytest.mark.xfail(
-            strict=True, reason="kernel fault: NaN/inf value rows of allowed keys whose float32 "
-                                "weight underflows to 0 are skipped (pv_one_row, p != 0), giving "
-                                "a finite row that depends on the key order"))
+    # whatever the key order. (The kernel used to skip value rows whose float32
+    # weight had underflowed to 0 when it saw the underflow in the key tile
+    # being processed, so the result depended on the key order.)
     q, k, v, mask = _two_allowed_keys(nan_key_first)
     o = mod.scaled_dot_product_attention(q, k, v, mask, scale=scale)
     assert np.isnan(o).all()

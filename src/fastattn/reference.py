@@ -111,7 +111,8 @@ def _scores(a):
     k = a.k.astype(np.float64)
     if a.group > 1:  # grouped-query attention: query head h reads kv head h // group
         k = np.repeat(k, a.group, axis=-3)
-    s = a.scale * (q @ np.swapaxes(k, -1, -2))
+    with np.errstate(invalid="ignore", over="ignore"):  # inf * 0 in q . k is NaN, as IEEE says
+        s = a.scale * (q @ np.swapaxes(k, -1, -2))
     s = np.broadcast_to(s, a.batch + (a.L, a.S))
 
     allowed = np.ones((a.L, a.S), dtype=bool)
