@@ -12,6 +12,7 @@ keep IEEE results: -fno-math-errno (libm need not set errno) and
 turn the kernels' selects into vector blends).
 """
 import os
+import shlex
 import sys
 import tempfile
 import textwrap
@@ -57,8 +58,13 @@ def _compiles_and_links(compiler, source, compile_args, link_args):
             f.write(source)
         try:
             objects = compiler.compile([path], output_dir=tmp, extra_postargs=compile_args)
+            # LDFLAGS (e.g. -L of Homebrew's libomp on macOS) reach the
+            # extension's link but not link_executable's: pass them here.
             compiler.link_executable(
-                objects, "probe", output_dir=tmp, extra_postargs=link_args
+                objects, "probe", output_dir=tmp,
+                extra_preargs=(shlex.split(os.environ.get("LDFLAGS", ""))
+                               if compiler.compiler_type != "msvc" else None),
+                extra_postargs=link_args,
             )
         except Exception:  # any compiler or linker failure means "no"
             return False

@@ -14,8 +14,12 @@
 #include <stdint.h>
 
 /* x86-64 builds with gcc or clang also compile an AVX2+FMA variant (target
- * attributes); other compilers and architectures get the portable one. */
-#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
+ * attributes); other compilers and architectures get the portable one. Not
+ * clang-cl (clang with _MSC_VER): its immintrin.h leaves out the AVX types
+ * unless the whole file is built with -mavx, and it does not link the
+ * compiler-rt that __builtin_cpu_supports needs. */
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(_MSC_VER) \
+    && (defined(__x86_64__) || defined(__i386__))
 #define FA_HAVE_X86_VARIANTS 1
 #endif
 

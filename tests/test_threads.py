@@ -11,6 +11,7 @@ import pytest
 import threadpoolctl
 
 import fastattn
+from fastattn import _core
 
 from conftest import assert_same_bits, qkv, randn
 
@@ -18,6 +19,7 @@ sdpa = fastattn.scaled_dot_product_attention
 THREAD_COUNTS = (1, 2, 3)
 # where the fastattn under test lives (an in-place build or site-packages)
 FASTATTN_PATH = os.path.dirname(os.path.dirname(os.path.abspath(fastattn.__file__)))
+OPENMP = _core.build_info()["openmp"]
 
 
 def _per_thread_count(threads, fn):
@@ -84,9 +86,17 @@ def test_threadpoolctl_limits_apply(threads):
     assert fastattn.get_num_threads() == outside
 
 
+@pytest.mark.skipif(not OPENMP, reason="built without OpenMP")
 def test_threadpoolctl_sees_the_openmp_runtime(threads):
-    apis = {info["user_api"] for info in threadpoolctl.threadpool_info()}
-    assert "openmp" in apis
+    openmp = [info for info in threadpoolctl.threadpool_info() if info["user_api"] == "openmp"]
+    assert openmp
+    runtime = fastattn.show_config(print_=False)["openmp_runtime"]
+    assert runtime is not None
+    assert runtime["filepath"] in {info["filepath"] for info in openmp}
+    # the runtime threadpoolctl controls is the one fastattn's kernels read
+    limit = _core.omp_max_threads() + 1
+    with threadpoolctl.threadpool_limits(limit, user_api="openmp"):
+        assert _core.omp_max_threads() == limit
 
 
 def test_set_num_threads_takes_priority_over_threadpoolctl(threads):
@@ -101,7 +111,8 @@ def test_omp_num_threads_is_honoured(n):
     res = subprocess.run([sys.executable, "-c", "import fastattn; print(fastattn.get_num_threads())"],
                          env=env, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
-    assert res.stdout.strip() == n
+    # a build without OpenMP runs on one thread whatever OMP_NUM_THREADS says
+    assert res.stdout.strip() == (n if OPENMP else "1")
 
 
 # ------------------------------------------------- bitwise across threads
