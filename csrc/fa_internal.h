@@ -28,12 +28,31 @@
 #endif
 
 /*
+ * p * 2**n for the exponentials below: y = n + 1.5 * 2**23 holds the integer
+ * n in [-151, 128] in its low bits; 2**n is applied as two exact power-of-two
+ * factors (each a normal float), so a subnormal result is rounded once.
+ */
+static inline FA_TARGET float fa_scale_pow2(float p, float y)
+{
+    int32_t ni, n1, n2, b1, b2;
+    float s1, s2;
+    memcpy(&ni, &y, sizeof ni);
+    ni -= 0x4B400000; /* the integer n, from the low bits of y */
+    n1 = ni / 2;
+    n2 = ni - n1;
+    b1 = (n1 + 127) << 23;
+    b2 = (n2 + 127) << 23;
+    memcpy(&s1, &b1, sizeof s1);
+    memcpy(&s2, &b2, sizeof s2);
+    return (p * s1) * s2;
+}
+
+/*
  * exp(x - m) in float32 for a finite m >= x (a row's maximum), x = -inf
  * included (exactly 0). The difference is split exactly into s + err (Knuth's
  * TwoSum), reduced as s = n ln2 + r (Cody-Waite, ln2 in two parts; n by the
  * 1.5 * 2**23 rounding trick), exp(r + err) by its degree-7 Taylor polynomial
- * (truncation < 5e-9 relative), and 2**n applied as two exact power-of-two
- * factors so that subnormal results are rounded once. Within 2 ulp of
+ * (truncation < 5e-9 relative), and 2**n by fa_scale_pow2. Within 2 ulp of
  * exp(x - m) taken exactly (the tests hold every SIMD variant to that).
  * Branch-free float32 code, so the compiler can vectorise the loops that call
  * it; kernels_avx2.c has the same algorithm in intrinsics.
@@ -48,22 +67,13 @@ static inline FA_TARGET float fa_exp_diff(float x, float m)
     const float sc = under ? -104.0f : s;
     const float y = sc * 1.44269504088896341f + shift; /* round(sc / ln2) in its low bits */
     const float n = y - shift;
-    float r, p, s1, s2;
-    int32_t ni, n1, n2, b1, b2;
+    float r, p;
     r = sc - n * 0.693359375f;          /* exact: ln2's first 9 bits */
     r = r - n * -2.12194440e-4f;        /* the rest of ln2 */
     r = r + (under ? 0.0f : err);
     p = 1.0f + r * (1.0f + r * (1.0f / 2 + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120
         + r * (1.0f / 720 + r * (1.0f / 5040)))))));
-    memcpy(&ni, &y, sizeof ni);
-    ni -= 0x4B400000; /* the integer n, from the low bits of y */
-    n1 = ni / 2;
-    n2 = ni - n1;
-    b1 = (n1 + 127) << 23;
-    b2 = (n2 + 127) << 23;
-    memcpy(&s1, &b1, sizeof s1);
-    memcpy(&s2, &b2, sizeof s2);
-    return under ? 0.0f : (p * s1) * s2;
+    return under ? 0.0f : fa_scale_pow2(p, y);
 }
 
 /*
@@ -71,9 +81,8 @@ static inline FA_TARGET float fa_exp_diff(float x, float m)
  * log2(e) in their scale, so exp(s) = 2**(s log2 e)).
  *
  * x = n + f with n = round(x), |f| <= 1/2 (exact); 2**f = exp(f ln2) by its
- * degree-7 Taylor polynomial (truncation < 5e-9 relative); 2**n applied as two
- * exact power-of-two factors so that subnormal results are rounded once.
- * Within 2 ulp of 2**x (the tests hold it to that); -inf gives exactly 0,
+ * degree-7 Taylor polynomial (truncation < 5e-9 relative); 2**n by
+ * fa_scale_pow2. Within 2 ulp of 2**x (the tests hold it to that); -inf gives exactly 0,
  * +inf gives +inf, NaN gives NaN. Branch-free, float32 only: it vectorises
  * 8 or 16 wide.
  */
@@ -86,23 +95,14 @@ static inline FA_TARGET float fa_exp2f(float x)
                 c7 = 1.52527338040598e-05f;
     int not_nan = (x == x);
     float xc = not_nan ? x : 0.0f;
-    float y, n, f, p, s1, s2;
-    int32_t ni, n1, n2, b1, b2;
+    float y, n, f, p;
     xc = xc < -151.0f ? -151.0f : xc; /* 2**-151 rounds to 0 */
     xc = xc > 128.0f ? 128.0f : xc;   /* 2**128 rounds to +inf */
     y = xc + shift;
     n = y - shift;
     f = xc - n;
     p = 1.0f + f * (c1 + f * (c2 + f * (c3 + f * (c4 + f * (c5 + f * (c6 + f * c7))))));
-    memcpy(&ni, &y, sizeof ni);
-    ni -= 0x4B400000; /* the integer n, from the low bits of y */
-    n1 = ni / 2;
-    n2 = ni - n1;
-    b1 = (n1 + 127) << 23;
-    b2 = (n2 + 127) << 23;
-    memcpy(&s1, &b1, sizeof s1);
-    memcpy(&s2, &b2, sizeof s2);
-    return not_nan ? (p * s1) * s2 : x;
+    return not_nan ? fa_scale_pow2(p, y) : x;
 }
 
 /* Threads actually used for `work` units (e.g. multiply-adds), given a cap. */
