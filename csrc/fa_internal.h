@@ -34,14 +34,15 @@
  */
 static inline FA_TARGET float fa_scale_pow2(float p, float y)
 {
-    int32_t ni, n1, n2, b1, b2;
+    uint32_t u, b1, b2;
+    int32_t ni, n1, n2;
     float s1, s2;
-    memcpy(&ni, &y, sizeof ni);
-    ni -= 0x4B400000; /* the integer n, from the low bits of y */
+    memcpy(&u, &y, sizeof u);
+    ni = (int32_t)(u - 0x4B400000u); /* the integer n, from the low bits of y */
     n1 = ni / 2;
     n2 = ni - n1;
-    b1 = (n1 + 127) << 23;
-    b2 = (n2 + 127) << 23;
+    b1 = (uint32_t)(n1 + 127) << 23; /* unsigned shifts: defined for any input */
+    b2 = (uint32_t)(n2 + 127) << 23;
     memcpy(&s1, &b1, sizeof s1);
     memcpy(&s2, &b2, sizeof s2);
     return (p * s1) * s2;
@@ -64,7 +65,8 @@ static inline FA_TARGET float fa_exp_diff(float x, float m)
     const float bb = s - x;
     const float err = (x - (s - bb)) + (-m - bb);
     const int under = s < -104.0f; /* exp(-104) rounds to 0 in float32 */
-    const float sc = under ? -104.0f : s;
+    const int not_nan = s == s;
+    const float sc = under ? -104.0f : (not_nan ? s : 0.0f);
     const float y = sc * 1.44269504088896341f + shift; /* round(sc / ln2) in its low bits */
     const float n = y - shift;
     float r, p;
@@ -73,7 +75,7 @@ static inline FA_TARGET float fa_exp_diff(float x, float m)
     r = r + (under ? 0.0f : err);
     p = 1.0f + r * (1.0f + r * (1.0f / 2 + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120
         + r * (1.0f / 720 + r * (1.0f / 5040)))))));
-    return under ? 0.0f : fa_scale_pow2(p, y);
+    return under ? 0.0f : (not_nan ? fa_scale_pow2(p, y) : s);
 }
 
 /*

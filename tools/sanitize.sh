@@ -23,8 +23,9 @@ if [ ! -e "$LIBASAN" ]; then
     exit 1
 fi
 
-# The build needs Cython and setuptools in this python (pip's isolated build had them).
-"$PY" -c "import Cython, setuptools" 2>/dev/null || "$PY" -m pip install --quiet "Cython>=3.0" setuptools
+# The build needs pyproject.toml's build requirements in this python (pip's
+# isolated build had them; a venv's own setuptools may be too old).
+"$PY" -m pip install --quiet "Cython>=3.0" "setuptools>=77"
 
 echo "== sanitize: building with -fsanitize=address,undefined into $WORK =="
 # A scratch copy, so the in-place (non-sanitized) build of the checkout is untouched.
