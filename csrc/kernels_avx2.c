@@ -211,14 +211,15 @@ static inline FA_TARGET __m256 exp_diff_avx2(__m256 x, __m256 m)
     __m256i ni, n1, n2;
     r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
     r = _mm256_add_ps(r, _mm256_andnot_ps(underflow, err));
-    p = _mm256_set1_ps(1.0f / 5040);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    { /* the Taylor polynomial by Estrin's scheme: a short dependency chain */
+        const __m256 r2 = _mm256_mul_ps(r, r);
+        const __m256 r4 = _mm256_mul_ps(r2, r2);
+        const __m256 a01 = _mm256_add_ps(_mm256_set1_ps(1.0f), r);
+        const __m256 a23 = _mm256_fmadd_ps(r, _mm256_set1_ps(1.0f / 6), _mm256_set1_ps(0.5f));
+        const __m256 a45 = _mm256_fmadd_ps(r, _mm256_set1_ps(1.0f / 120), _mm256_set1_ps(1.0f / 24));
+        const __m256 a67 = _mm256_fmadd_ps(r, _mm256_set1_ps(1.0f / 5040), _mm256_set1_ps(1.0f / 720));
+        p = _mm256_fmadd_ps(r4, _mm256_fmadd_ps(r2, a67, a45), _mm256_fmadd_ps(r2, a23, a01));
+    }
     ni = _mm256_cvtps_epi32(n);
     n1 = _mm256_srai_epi32(ni, 1);
     n2 = _mm256_sub_epi32(ni, n1);
