@@ -41,3 +41,11 @@ def test_show_config_prints_and_returns(capsys, threads):
     assert "7" in printed
     if isinstance(result, dict):
         assert 7 in result.values() or "7" in str(result)
+
+
+def test_public_names_are_the_api_plus_config():
+    import fastattn._api
+
+    assert set(fastattn.__all__) == set(fastattn._api.__all__) | {"show_config", "__version__"}
+    for name in fastattn.__all__:
+        assert hasattr(fastattn, name)

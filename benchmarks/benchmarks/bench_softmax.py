@@ -1,6 +1,4 @@
 """softmax along the last axis, against a plain copy and PyTorch."""
-import numpy as np
-
 import fastattn
 
 from .common import random, torch_or_skip

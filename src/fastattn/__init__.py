@@ -14,7 +14,6 @@ except ValueError as _exc:
     _warnings.warn(f"FASTATTN_SIMD ignored: {_exc}", RuntimeWarning, stacklevel=2)
     _core.select_simd("auto")
 
-from fastattn import _api  # noqa: E402
 from fastattn._api import (  # noqa: E402
     attention_weights,
     causal_attention,
@@ -30,4 +29,16 @@ from fastattn._config import show_config  # noqa: E402
 
 __version__ = "0.1.0"
 
-__all__ = _api.__all__ + ["show_config", "__version__"]
+__all__ = [  # a literal list, for static analysers; the same names as _api's
+    "softmax",
+    "log_softmax",
+    "logsumexp",
+    "scaled_dot_product_attention",
+    "causal_attention",
+    "sliding_window_attention",
+    "attention_weights",
+    "set_num_threads",
+    "get_num_threads",
+    "show_config",
+    "__version__",
+]
