@@ -5,8 +5,8 @@ MSVC, -Xpreprocessor -fopenmp -lomp on Apple clang with libomp). When the probe
 fails the core is built single-threaded with a warning; set
 FASTATTN_REQUIRE_OPENMP=1 to make that an error (release builds), or
 FASTATTN_DISABLE_OPENMP=1 to build without OpenMP on purpose.
-No -march=native and no -ffast-math: wheels must run on any CPU of their
-architecture, and the masking rules rely on IEEE -inf and NaN. The flags used
+No host-specific tuning flags and no fast-math flags: wheels must run on any
+CPU of their architecture, and the masking rules rely on IEEE -inf and NaN. The flags used
 keep IEEE results: -fno-math-errno (libm need not set errno) and
 -fno-trapping-math (no floating-point traps are enabled, so the compiler may
 turn the kernels' selects into vector blends).

@@ -44,7 +44,6 @@ static int scratch_alloc(fa_scratch *w, int64_t D, int64_t Dv)
     memset(w, 0, sizeof *w);
     if ((uint64_t)D > ((uint64_t)1 << 40) / FA_BQ || (uint64_t)Dv > ((uint64_t)1 << 40) / FA_BQ)
         return FA_ERR_NOMEM;
-    w->Dp = (int64_t)Dp;
     w->Dvp = (int64_t)Dvp;
     w->qpad = (float *)malloc(FA_BQ * Dp * sizeof(float));
     w->kt = (float *)malloc(Dp * FA_BK * sizeof(float));

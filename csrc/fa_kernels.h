@@ -36,9 +36,9 @@ typedef struct {
 
 /* Per-thread working memory of the attention kernels (sizes in fa_scratch_alloc). */
 typedef struct {
-    int64_t Dp, Dvp;  /* D and Dv rounded up to FA_NR */
-    float *qpad;      /* FA_BQ x Dp   the unit's query rows, zero padded */
-    float *kt;        /* Dp x FA_BK   the key tile, transposed, zero padded */
+    int64_t Dvp;      /* Dv rounded up to FA_NR */
+    float *qpad;      /* FA_BQ x D    the unit's query rows, zero rows to a multiple of MR */
+    float *kt;        /* D x FA_BK    the key tile, transposed, zero padded */
     float *sc;        /* FA_BQ x FA_BK scores, then probabilities */
     float *vpad;      /* FA_BK x Dvp  the value tile, zero padded */
     float *tile;      /* FA_BQ x Dvp  one tile's P.V */

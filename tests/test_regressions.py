@@ -113,3 +113,26 @@ def test_bench_rejects_bad_counts(argv, capsys):
         main(["bench", *argv])
     assert exc.value.code == 2
     assert "expected an integer" in capsys.readouterr().err
+
+
+def _traced_peak(fn):
+    tracemalloc.start()
+    fn()
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return peak
+
+
+def test_c_contiguous_float32_inputs_are_used_in_place(rng):
+    # SPEC 1: a C-contiguous float32 input is not copied; anything else is
+    # copied once (here: float64, converted to float32).
+    q = rng.standard_normal((4, 512, 256), dtype=np.float32)  # 2 MiB
+    out = np.empty_like(q)
+    assert _traced_peak(lambda: fastattn.scaled_dot_product_attention(q, q, q, out=out)) \
+        < q.nbytes // 4
+    x = rng.standard_normal((1024, 512), dtype=np.float32)
+    y = np.empty_like(x)
+    assert _traced_peak(lambda: fastattn.softmax(x, out=y)) < x.nbytes // 4
+    q64 = q.astype(np.float64)
+    assert _traced_peak(lambda: fastattn.scaled_dot_product_attention(q64, q64, q64, out=out)) \
+        >= q.nbytes

@@ -132,6 +132,16 @@ def get_num_threads():
 # ----------------------------------------------------------------------------
 # softmax, log_softmax, logsumexp
 
+_ROWWISE_RAISES = """
+    TypeError
+        If `x` is not of a real floating dtype, `axis` is not an int, `keepdims`
+        (logsumexp) is not a bool, or `out` is not a float32 ndarray.
+    numpy.exceptions.AxisError
+        If `axis` is out of range or `x` is 0-d.
+    ValueError
+        If `out` has the wrong shape, is not C-contiguous or writeable, or
+        shares memory with `x`."""
+
 _ROWWISE_NOTES = """
     With ``m = max(x)`` over each slice along `axis` (never overflows, at any
     magnitude; the largest entry gets a finite weight):
@@ -204,15 +214,7 @@ def softmax(x, axis=-1, *, out=None):
         ``exp(x - m) / sum(exp(x - m))`` along `axis`.
 
     Raises
-    ------
-    TypeError
-        If `x` is not of a real floating dtype, `axis` is not an int, or `out`
-        is not a float32 ndarray.
-    numpy.exceptions.AxisError
-        If `axis` is out of range or `x` is 0-d.
-    ValueError
-        If `out` has the wrong shape, is not C-contiguous or writeable, or
-        shares memory with `x`.
+    ------{raises}
 
     Notes
     -----{notes}
@@ -251,15 +253,7 @@ def log_softmax(x, axis=-1, *, out=None):
         ``(x - m) - log(sum(exp(x - m)))`` along `axis`.
 
     Raises
-    ------
-    TypeError
-        If `x` is not of a real floating dtype, `axis` is not an int, or `out`
-        is not a float32 ndarray.
-    numpy.exceptions.AxisError
-        If `axis` is out of range or `x` is 0-d.
-    ValueError
-        If `out` has the wrong shape, is not C-contiguous or writeable, or
-        shares memory with `x`.
+    ------{raises}
 
     Notes
     -----{notes}
@@ -293,15 +287,7 @@ def logsumexp(x, axis=-1, *, keepdims=False, out=None):
         ``m + log(sum(exp(x - m)))`` along `axis`.
 
     Raises
-    ------
-    TypeError
-        If `x` is not of a real floating dtype, `axis` is not an int, or `out`
-        is not a float32 ndarray.
-    numpy.exceptions.AxisError
-        If `axis` is out of range or `x` is 0-d.
-    ValueError
-        If `out` has the wrong shape, is not C-contiguous or writeable, or
-        shares memory with `x`.
+    ------{raises}
 
     Notes
     -----{notes}
@@ -318,7 +304,8 @@ def logsumexp(x, axis=-1, *, keepdims=False, out=None):
 
 
 for _f in (softmax, log_softmax, logsumexp):
-    _f.__doc__ = _f.__doc__.replace("{notes}", _ROWWISE_NOTES)
+    _f.__doc__ = _f.__doc__.replace("{notes}", _ROWWISE_NOTES).replace("{raises}",
+                                                                        _ROWWISE_RAISES)
 del _f
 
 # ----------------------------------------------------------------------------
