@@ -56,11 +56,10 @@ typedef struct {
 
 typedef struct {
     const char *name;
-    /* scratch: NULL or n floats of per-thread working memory for the
-     * exponentials (so that softmax writes `out` once); stream: write `out`
-     * with non-temporal stores where the variant has them (large outputs). */
-    void (*rowwise_row)(const float *x, float *out, int64_t n, int op, float *scratch,
-                        int stream);
+    /* One row of softmax (exp(x - m) stored in `out`, then scaled in place),
+     * log_softmax or logsumexp (one float). next: the n floats this thread
+     * reads next (or NULL), which a variant may prefetch while it computes. */
+    void (*rowwise_row)(const float *x, float *out, int64_t n, int op, const float *next);
     void (*sdpa_unit)(const fa_attn_args *a, const fa_unit *u, float *out, float *lse,
                       fa_scratch *w);
     void (*weights_unit)(const fa_attn_args *a, const fa_unit *u, float *weights,

@@ -187,45 +187,66 @@ static inline FA_TARGET __m256i tail_mask_avx2(int64_t n)
 }
 
 /*
- * exp(x - m) in float32 for a finite row maximum m >= x, eight lanes.
- * The difference is split exactly into s + err (Knuth's TwoSum), reduced as
- * s = n ln2 + r (Cody-Waite, ln2 in two parts), exp(r + err) by its degree-7
- * Taylor polynomial with fused multiply-adds, and 2**n applied as two exact
- * power-of-two factors (subnormal results rounded once): within 2 ulp of
- * exp(x - m) taken exactly (the tests hold it to that). x = -inf gives 0.
+ * exp(x - m) in float32 for a finite row maximum m >= x, eight lanes, as
+ * p * 2**n. The difference is split exactly into s + err (Knuth's TwoSum),
+ * reduced as s = n ln2 + r (Cody-Waite, ln2 in two parts), and exp(r + err)
+ * taken by its degree-7 Taylor polynomial (Horner, fused multiply-adds).
+ * `full` (a constant at each call) handles every x <= m: differences below
+ * -104 give p = 0 (x = -inf included). Without it the caller guarantees
+ * x - m >= -86, so that p * 2**n is a normal float.
  */
-static inline FA_TARGET __m256 exp_diff_avx2(__m256 x, __m256 m)
+static inline FA_TARGET __m256 exp_diff_poly_avx2(__m256 x, __m256 nm, int full, __m256i *n_out)
 {
-    const __m256 nm = _mm256_xor_ps(m, _mm256_set1_ps(-0.0f));
     const __m256 s = _mm256_add_ps(x, nm);
     const __m256 bb = _mm256_sub_ps(s, x);
-    const __m256 err = _mm256_add_ps(_mm256_sub_ps(x, _mm256_sub_ps(s, bb)),
-                                     _mm256_sub_ps(nm, bb));
-    const __m256 underflow = _mm256_cmp_ps(s, _mm256_set1_ps(-104.0f), _CMP_LT_OQ);
-    const __m256 sc = _mm256_max_ps(s, _mm256_set1_ps(-104.0f));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(sc, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m256i bias = _mm256_set1_epi32(127);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), sc);
-    __m256 p;
-    __m256i ni, n1, n2;
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    r = _mm256_add_ps(r, _mm256_andnot_ps(underflow, err));
-    { /* the Taylor polynomial by Estrin's scheme: a short dependency chain */
-        const __m256 r2 = _mm256_mul_ps(r, r);
-        const __m256 r4 = _mm256_mul_ps(r2, r2);
-        const __m256 a01 = _mm256_add_ps(_mm256_set1_ps(1.0f), r);
-        const __m256 a23 = _mm256_fmadd_ps(r, _mm256_set1_ps(1.0f / 6), _mm256_set1_ps(0.5f));
-        const __m256 a45 = _mm256_fmadd_ps(r, _mm256_set1_ps(1.0f / 120), _mm256_set1_ps(1.0f / 24));
-        const __m256 a67 = _mm256_fmadd_ps(r, _mm256_set1_ps(1.0f / 5040), _mm256_set1_ps(1.0f / 720));
-        p = _mm256_fmadd_ps(r4, _mm256_fmadd_ps(r2, a67, a45), _mm256_fmadd_ps(r2, a23, a01));
+    __m256 err = _mm256_add_ps(_mm256_sub_ps(x, _mm256_sub_ps(s, bb)), _mm256_sub_ps(nm, bb));
+    __m256 sc = s, under = _mm256_setzero_ps(), n, r, p;
+    if (full) {
+        under = _mm256_cmp_ps(s, _mm256_set1_ps(-104.0f), _CMP_LT_OQ); /* exp(-104) rounds to 0 */
+        sc = _mm256_max_ps(s, _mm256_set1_ps(-104.0f));
+        err = _mm256_andnot_ps(under, err);
     }
-    ni = _mm256_cvtps_epi32(n);
+    n = _mm256_round_ps(_mm256_mul_ps(sc, _mm256_set1_ps(1.44269504088896341f)),
+                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), sc); /* exact: ln2's first 9 bits */
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r); /* the rest of ln2 */
+    r = _mm256_add_ps(r, err);
+    p = _mm256_fmadd_ps(_mm256_set1_ps(1.0f / 5040), r, _mm256_set1_ps(1.0f / 720));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    *n_out = _mm256_cvtps_epi32(n);
+    return full ? _mm256_andnot_ps(under, p) : p;
+}
+
+/*
+ * exp(x - m), eight lanes, for any x <= m (nm = -m): 2**n applied as two
+ * exact power-of-two factors, so that a subnormal result is rounded once.
+ * Within 2 ulp of exp(x - m) taken exactly (the tests hold it to that).
+ */
+static inline FA_TARGET __m256 exp_diff_avx2(__m256 x, __m256 nm)
+{
+    const __m256i bias = _mm256_set1_epi32(127);
+    __m256i ni, n1, n2;
+    __m256 p = exp_diff_poly_avx2(x, nm, 1, &ni);
     n1 = _mm256_srai_epi32(ni, 1);
     n2 = _mm256_sub_epi32(ni, n1);
     p = _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23)));
-    p = _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23)));
-    return _mm256_andnot_ps(underflow, p);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23)));
+}
+
+/*
+ * The same for x - m >= -86, where every result is a normal float: 2**n is
+ * added to p's exponent field. Bit for bit the value exp_diff_avx2 gives.
+ */
+static inline FA_TARGET __m256 exp_diff_normal_avx2(__m256 x, __m256 nm)
+{
+    __m256i ni;
+    const __m256 p = exp_diff_poly_avx2(x, nm, 0, &ni);
+    return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), _mm256_slli_epi32(ni, 23)));
 }
 
 /* exp(x - m) of one float through the eight-lane code, so that every path of
@@ -233,7 +254,7 @@ static inline FA_TARGET __m256 exp_diff_avx2(__m256 x, __m256 m)
 static inline FA_TARGET float exp_diff_one_avx2(float x, float m)
 {
     return _mm_cvtss_f32(_mm256_castps256_ps128(exp_diff_avx2(_mm256_set1_ps(x),
-                                                              _mm256_set1_ps(m))));
+                                                              _mm256_set1_ps(-m))));
 }
 #define FA_EXP_DIFF exp_diff_one_avx2
 
@@ -251,47 +272,141 @@ static inline FA_TARGET double hsum_pd_avx2(__m256d lo, __m256d hi)
     return _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)));
 }
 
-/* Stores eight floats; non-temporally (bypassing the caches) when asked and
- * the address allows it, for outputs too large to stay in cache. */
-static inline FA_TARGET void store_avx2(float *p, __m256 v, int stream)
+/*
+ * The exponential pass of a row: e = exp(x - m) (stored to buf for softmax)
+ * and their sum in two float64 parts, *top = the count of entries equal to m
+ * (each adds exactly 1) and the sum of the others, so that log(sum) =
+ * log1p((top - 1) + rest) stays accurate near 0. softmax needs only the
+ * total, so it counts nothing apart (*top = 0). Pairs of vectors are added in
+ * float32 (one rounding, <= 2**-24 relative) before the float64 sum, in an
+ * order fixed by n alone. `normal` (a constant at each call): every
+ * x - m >= -86, so exp_diff_normal_avx2 serves.
+ */
+static inline FA_TARGET void exp_pass_avx2(const float *x, float *buf, int64_t n, float m,
+                                           int op, int normal, const float *next,
+                                           double *top, double *rest)
 {
-    if (stream && ((uintptr_t)p & 31) == 0)
-        _mm256_stream_ps(p, v);
-    else
-        _mm256_storeu_ps(p, v);
+    const __m256 mv = _mm256_set1_ps(m), nm = _mm256_set1_ps(-m);
+    const int count_top = op != FA_OP_SOFTMAX;
+    const int64_t nb = n / 8 * 8;
+    __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+    __m256i ntop = _mm256_setzero_si256();
+    int64_t j = 0;
+#define FA_EXP8(v) (normal ? exp_diff_normal_avx2((v), nm) : exp_diff_avx2((v), nm))
+    for (; j + 16 <= nb; j += 16) {
+        const __m256 v0 = _mm256_loadu_ps(x + j), v1 = _mm256_loadu_ps(x + j + 8);
+        __m256 e0 = FA_EXP8(v0), e1 = FA_EXP8(v1);
+        _mm_prefetch((const char *)(next + j), _MM_HINT_T0); /* one line of the next row */
+        if (op == FA_OP_SOFTMAX) {
+            _mm256_storeu_ps(buf + j, e0);
+            _mm256_storeu_ps(buf + j + 8, e1);
+        }
+        if (count_top) {
+            const __m256 t0 = _mm256_cmp_ps(v0, mv, _CMP_EQ_OQ), t1 = _mm256_cmp_ps(v1, mv, _CMP_EQ_OQ);
+            e0 = _mm256_andnot_ps(t0, e0);
+            e1 = _mm256_andnot_ps(t1, e1);
+            ntop = _mm256_sub_epi32(ntop, _mm256_castps_si256(t0));
+            ntop = _mm256_sub_epi32(ntop, _mm256_castps_si256(t1));
+        }
+        add_pd_avx2(_mm256_add_ps(e0, e1), &lo, &hi);
+    }
+    if (j < n) { /* the last 1 to 15 entries: one or two vectors, the last masked */
+        const __m256i full = _mm256_set1_epi32(-1), tail = tail_mask_avx2(n - nb);
+        for (; j < n; j += 8) {
+            const __m256i in = j < nb ? full : tail;
+            const __m256 inf = _mm256_castsi256_ps(in);
+            const __m256 v = _mm256_maskload_ps(x + j, in);
+            __m256 e = _mm256_and_ps(FA_EXP8(v), inf);
+            if (op == FA_OP_SOFTMAX)
+                _mm256_maskstore_ps(buf + j, in, e);
+            if (count_top) {
+                const __m256 t = _mm256_and_ps(_mm256_cmp_ps(v, mv, _CMP_EQ_OQ), inf);
+                e = _mm256_andnot_ps(t, e);
+                ntop = _mm256_sub_epi32(ntop, _mm256_castps_si256(t));
+            }
+            add_pd_avx2(e, &lo, &hi);
+        }
+    }
+#undef FA_EXP8
+    {
+        int32_t counts[8];
+        int l;
+        _mm256_storeu_si256((__m256i *)counts, ntop);
+        *top = 0.0;
+        for (l = 0; l < 8; l++)
+            *top += (double)counts[l];
+    }
+    *rest = hsum_pd_avx2(lo, hi);
+}
+
+/* Eight results of the last pass: softmax's v / sum for v = exp(x - m), as
+ * v * (ih + il) with 1 / sum split into two floats (within half an ulp, plus
+ * ~2**-48, of the exact quotient), or log_softmax's (x - m) - log(sum) for
+ * v = x (x - m is exact in float64). */
+static inline FA_TARGET __m256 finish8_avx2(__m256 v, int op, __m256 ih, __m256 il, __m256d md,
+                                            __m256d ls)
+{
+    __m256d a, b;
+    if (op == FA_OP_SOFTMAX)
+        return _mm256_fmadd_ps(v, ih, _mm256_mul_ps(v, il));
+    a = _mm256_sub_pd(_mm256_sub_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v)), md), ls);
+    b = _mm256_sub_pd(_mm256_sub_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)), md), ls);
+    return _mm256_set_m128(_mm256_cvtpd_ps(b), _mm256_cvtpd_ps(a));
+}
+
+/* The last pass over a row, src -> out (src == out for softmax); the last 0
+ * to 7 lanes masked. */
+static inline FA_TARGET void finish_row_avx2(const float *src, float *out, int64_t n, int op,
+                                             float ih, float il, float m, double logsum)
+{
+    const __m256 ihv = _mm256_set1_ps(ih), ilv = _mm256_set1_ps(il);
+    const __m256d md = _mm256_set1_pd((double)m), ls = _mm256_set1_pd(logsum);
+    int64_t j;
+    for (j = 0; j + 8 <= n; j += 8)
+        _mm256_storeu_ps(out + j, finish8_avx2(_mm256_loadu_ps(src + j), op, ihv, ilv, md, ls));
+    if (j < n) {
+        const __m256i in = tail_mask_avx2(n - j);
+        _mm256_maskstore_ps(out + j, in,
+                            finish8_avx2(_mm256_maskload_ps(src + j, in), op, ihv, ilv, md, ls));
+    }
 }
 
 /* softmax / log_softmax / logsumexp of one row (the rules of rowwise.c):
- * a max pass, a fused exp-store-sum pass (float64 sum), then the scale pass. */
+ * a max pass (which also finds the minimum), the exponential pass, then the
+ * scale pass. */
 #define FA_HAVE_ROWWISE 1
 static FA_TARGET void rowwise_row_avx2(const float *x, float *out, int64_t n, int op,
-                                       float *scratch, int stream)
+                                       const float *next)
 {
-    float *buf = scratch ? scratch : out; /* where softmax keeps exp(x - m) */
-    __m256 mx = _mm256_set1_ps(-INFINITY), nan = _mm256_setzero_ps(), mv;
-    __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
-    __m256i ntop = _mm256_setzero_si256();
+    __m256 mx = _mm256_set1_ps(-INFINITY), mn = _mm256_set1_ps(INFINITY);
+    __m256 nan = _mm256_setzero_ps();
     const int64_t nb = n / 8 * 8;
     const __m256i tail = tail_mask_avx2(n - nb);
     __m128 h;
-    float m;
-    double sum, top, logsum;
+    float m, lowest;
+    double top, rest;
     int64_t j;
     for (j = 0; j < nb; j += 8) {
         const __m256 v = _mm256_loadu_ps(x + j);
         mx = _mm256_max_ps(mx, v);
+        mn = _mm256_min_ps(mn, v);
         nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
     }
     if (nb < n) {
-        const __m256 v = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_maskload_ps(x + nb, tail),
-                                          _mm256_castsi256_ps(tail));
-        mx = _mm256_max_ps(mx, v);
+        const __m256 in = _mm256_castsi256_ps(tail);
+        const __m256 v = _mm256_maskload_ps(x + nb, tail);
+        mx = _mm256_max_ps(mx, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), v, in));
+        mn = _mm256_min_ps(mn, _mm256_blendv_ps(_mm256_set1_ps(INFINITY), v, in));
         nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
     }
     h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
     h = _mm_max_ps(h, _mm_movehl_ps(h, h));
     h = _mm_max_ss(h, _mm_movehdup_ps(h));
     m = _mm_cvtss_f32(h);
+    h = _mm_min_ps(_mm256_castps256_ps128(mn), _mm256_extractf128_ps(mn, 1));
+    h = _mm_min_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_min_ss(h, _mm_movehdup_ps(h));
+    lowest = _mm_cvtss_f32(h);
     if (_mm256_movemask_ps(nan)) {
         m = NAN;
     }
@@ -304,64 +419,18 @@ static FA_TARGET void rowwise_row_avx2(const float *x, float *out, int64_t n, in
             out[j] = NAN;
         return;
     }
-    /* exp(x - m), stored for softmax; the sum in two float64 parts as in the
-     * portable kernel: the count of entries equal to m (each adds exactly 1)
-     * and the sum of the others, so log(sum) = log1p((top - 1) + rest). */
-    mv = _mm256_set1_ps(m);
-    for (j = 0; j < nb; j += 8) {
-        const __m256 v = _mm256_loadu_ps(x + j);
-        const __m256 e = exp_diff_avx2(v, mv);
-        const __m256 is_top = _mm256_cmp_ps(v, mv, _CMP_EQ_OQ);
-        if (op == FA_OP_SOFTMAX)
-            _mm256_storeu_ps(buf + j, e);
-        add_pd_avx2(_mm256_andnot_ps(is_top, e), &lo, &hi);
-        ntop = _mm256_sub_epi32(ntop, _mm256_castps_si256(is_top));
-    }
-    if (nb < n) {
-        const __m256 in = _mm256_castsi256_ps(tail);
-        const __m256 v = _mm256_maskload_ps(x + nb, tail);
-        const __m256 e = _mm256_and_ps(exp_diff_avx2(v, mv), in);
-        const __m256 is_top = _mm256_and_ps(_mm256_cmp_ps(v, mv, _CMP_EQ_OQ), in);
-        if (op == FA_OP_SOFTMAX)
-            _mm256_maskstore_ps(buf + nb, tail, e);
-        add_pd_avx2(_mm256_andnot_ps(is_top, e), &lo, &hi);
-        ntop = _mm256_sub_epi32(ntop, _mm256_castps_si256(is_top));
-    }
-    {
-        int32_t counts[8];
-        int l;
-        _mm256_storeu_si256((__m256i *)counts, ntop);
-        top = 0.0;
-        for (l = 0; l < 8; l++)
-            top += (double)counts[l];
-    }
-    sum = hsum_pd_avx2(lo, hi);
-    logsum = log1p((top - 1.0) + sum);
+    if ((double)lowest - (double)m >= -86.0) /* no result below FLT_MIN, no -inf */
+        exp_pass_avx2(x, out, n, m, op, 1, next ? next : x, &top, &rest);
+    else
+        exp_pass_avx2(x, out, n, m, op, 0, next ? next : x, &top, &rest);
     if (op == FA_OP_LOGSUMEXP) {
-        *out = (float)((double)m + logsum);
+        *out = (float)((double)m + log1p((top - 1.0) + rest));
     } else if (op == FA_OP_SOFTMAX) {
-        const __m256d inv = _mm256_set1_pd(1.0 / (top + sum));
-        for (j = 0; j < nb; j += 8) {
-            const __m256 e = _mm256_loadu_ps(buf + j);
-            const __m128 a = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(e)), inv));
-            const __m128 b = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)), inv));
-            store_avx2(out + j, _mm256_set_m128(b, a), stream);
-        }
-        for (; j < n; j++)
-            out[j] = (float)((double)buf[j] * _mm256_cvtsd_f64(inv));
+        const double inv = 1.0 / (top + rest);
+        finish_row_avx2(out, out, n, op, (float)inv, (float)(inv - (double)(float)inv), 0.0f, 0.0);
     } else {
-        const __m256d md = _mm256_set1_pd((double)m), ls = _mm256_set1_pd(logsum);
-        for (j = 0; j < nb; j += 8) { /* (x - m) - log(sum): x - m is exact in float64 */
-            const __m256 v = _mm256_loadu_ps(x + j);
-            const __m256d a = _mm256_sub_pd(_mm256_sub_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v)), md), ls);
-            const __m256d b = _mm256_sub_pd(_mm256_sub_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)), md), ls);
-            store_avx2(out + j, _mm256_set_m128(_mm256_cvtpd_ps(b), _mm256_cvtpd_ps(a)), stream);
-        }
-        for (; j < n; j++)
-            out[j] = (float)(((double)x[j] - (double)m) - logsum);
+        finish_row_avx2(x, out, n, op, 0.0f, 0.0f, m, log1p((top - 1.0) + rest));
     }
-    if (stream)
-        _mm_sfence(); /* order the non-temporal stores before the caller's next ones */
 }
 
 #include "kernels.inc"

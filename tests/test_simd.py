@@ -103,3 +103,22 @@ def test_paths_agree_with_the_reference(simd, rng):
                                                                          **kw)
         np.testing.assert_allclose(got, want, rtol=3e-5, atol=3e-6)
         np.testing.assert_allclose(lse, want_lse, rtol=3e-5, atol=3e-6)
+
+
+@pytest.mark.parametrize("m", [0.0, 1000.5, -3.75e5])
+@pytest.mark.parametrize("name", ["softmax", "log_softmax", "logsumexp"])
+def test_rows_of_narrow_and_wide_spread_take_the_same_exponentials(simd, m, name):
+    # A row whose entries all lie within 86 of its max may take a faster
+    # exponential (no result can be subnormal); appending an entry far below
+    # the max sends the row down the general one. The appended exp is exactly
+    # 0 and, with a length that is a multiple of 16, it is summed last: every
+    # other result must come out bit for bit the same.
+    t = np.linspace(-86.0, 0.0, 4096)
+    x = (np.float32(m) + t.astype(np.float32)).astype(np.float32)
+    x = np.stack([x, x[::-1], np.random.default_rng(3).permutation(x)])
+    wide = np.concatenate([x, np.full((3, 1), np.float32(m) - 200.0, np.float32)], axis=1)
+    narrow_result = getattr(fastattn, name)(x)
+    wide_result = getattr(fastattn, name)(wide)
+    if name != "logsumexp":
+        wide_result = wide_result[:, :-1]
+    np.testing.assert_array_equal(narrow_result, wide_result)

@@ -3,6 +3,7 @@
 Python validates and shapes (fastattn._validate), fastattn._core releases the
 GIL and calls one C entry point, and C works on contiguous float32 buffers.
 """
+import math
 import os as _os
 
 import numpy as np
@@ -177,10 +178,11 @@ def _rowwise(x, axis, out, op, keepdims=False):
         shape = xa.shape
     if out is not None:
         check_out(out, shape, [("x", x), ("x", xa)])
-    rows = np.ascontiguousarray(np.moveaxis(xa, ax, -1))
-    n = rows.shape[-1]
-    nrows = int(np.prod(rows.shape[:-1], dtype=np.int64))
     last = ax == xa.ndim - 1
+    # xa is C-contiguous: along the last axis its rows are already in place.
+    rows = xa if last else np.ascontiguousarray(np.moveaxis(xa, ax, -1))
+    n = rows.shape[-1]
+    nrows = math.prod(rows.shape[:-1])
     if op == _core.OP_LOGSUMEXP or last:
         # The result's memory order is that of `rows`: write it in place.
         result = out if out is not None else np.empty(shape, np.float32)
@@ -312,49 +314,45 @@ del _f
 # Attention
 
 
-def _offsets(arr, shape):
-    """Where C-contiguous `arr`, broadcast to `shape`, keeps its data: the element
-    offset of each trailing 2-d block (flattened over the leading dims of
-    `shape`) and the element strides of its two last axes (0 where broadcast)."""
-    strides = [st // arr.itemsize for st in np.broadcast_to(arr, shape).strides]
-    batch = shape[:-2]
-    offsets = np.zeros(batch, dtype=np.int64)
-    for axis, (n, stride) in enumerate(zip(batch, strides[:-2])):
-        index_shape = [1] * len(batch)
-        index_shape[axis] = n
-        offsets = offsets + (np.arange(n, dtype=np.int64) * stride).reshape(index_shape)
-    return offsets, strides[-2], strides[-1]
+def _strides(arr, ndim):
+    """Element strides of C-contiguous `arr` broadcast to `ndim` dimensions (its
+    axes right-aligned; 0 on length-1 axes, which broadcast)."""
+    strides = [0] * ndim
+    step = 1
+    for axis in range(1, arr.ndim + 1):
+        n = arr.shape[-axis]
+        strides[-axis] = 0 if n == 1 else step
+        step *= n
+    return strides
 
 
-def _kv_offsets(arr, a):
-    """Offsets of k's or v's (S, .) block for each output batch item. Under GQA
-    query head h reads kv head h // group: an index map, k and v are never
-    repeated."""
-    if a.group == 1:
-        return _offsets(arr, a.batch + arr.shape[-2:])[0].reshape(-1)
-    Hq = a.batch[-1]
-    per_kv_head = _offsets(arr, a.batch[:-1] + (Hq // a.group,) + arr.shape[-2:])[0]
-    return np.ascontiguousarray(per_kv_head[..., np.arange(Hq) // a.group]).reshape(-1)
+def _offsets(arr, batch, group=1):
+    """Element offset of `arr`'s trailing 2-d block for each item of `batch`
+    (flattened in C order), `arr` broadcast over it. With group > 1 (GQA) arr's
+    head axis has batch[-1] // group heads and query head h reads head
+    h // group: an index map, k and v are never repeated."""
+    strides = _strides(arr, len(batch) + 2)[:-2]
+    return _core.block_offsets(tuple(batch), strides, group)
 
 
 def _run_attention(a, result, lse=None, weights=False):
     """Run the attention kernel on validated inputs `a` (AttentionInputs) into
     `result` (the output, or the weights when `weights`) and `lse`."""
-    nbatch = int(np.prod(a.batch, dtype=np.int64))
+    nbatch = math.prod(a.batch)
     if nbatch == 0:
         return
     flat_mask, mask_off, mask_sl, mask_ss = None, np.zeros(0, np.int64), 0, 0
     if a.mask is not None:
-        mask_off, mask_sl, mask_ss = _offsets(a.mask, a.batch + (a.L, a.S))
-        mask_off = mask_off.reshape(-1)
+        mask_off = _offsets(a.mask, a.batch)
+        mask_sl, mask_ss = _strides(a.mask, len(a.batch) + 2)[-2:]
         flat = a.mask.reshape(-1)
         flat_mask = flat.view(np.uint8) if flat.dtype == np.bool_ else flat
     left, right = a.window
     v = a.v if a.v is not None else np.zeros((1, 0), np.float32)
     _core.attention(
         a.q.reshape(-1), a.k.reshape(-1), v.reshape(-1),
-        _offsets(a.q, a.batch + a.q.shape[-2:])[0].reshape(-1),
-        _kv_offsets(a.k, a), _kv_offsets(v, a) if a.v is not None else np.zeros(nbatch, np.int64),
+        _offsets(a.q, a.batch), _offsets(a.k, a.batch, a.group),
+        _offsets(v, a.batch, a.group) if a.v is not None else np.zeros(nbatch, np.int64),
         nbatch, a.L, a.S, a.D, a.Dv,
         flat_mask, mask_off, mask_sl, mask_ss, a.is_causal,
         -1 if left is None else left, -1 if right is None else right,

@@ -7,6 +7,8 @@ for the one C call and maps the returned status to an exception in _check.
 """
 from libc.stdint cimport int64_t, uint8_t
 
+import numpy as np
+
 from fastattn._core cimport *
 
 
@@ -45,6 +47,36 @@ def rowwise(const float[::1] x, float[::1] out, int64_t nrows, int64_t n, int op
     with nogil:
         status = fa_rowwise_f32(_fptr(x), _wptr(out), nrows, n, op, nthreads)
     _check(status)
+
+
+def block_offsets(tuple batch, strides, int64_t group):
+    """offsets[j] = sum_i index_i * strides[i] over the C-order index of item j
+    of `batch` (an int64 array of prod(batch) items), the last index divided by
+    `group` (under GQA query head h reads kv head h // group)."""
+    cdef Py_ssize_t nd = len(batch), i
+    cdef int64_t n = 1, j, r, c, off
+    cdef int64_t shp[64]  # numpy arrays have at most 64 dimensions
+    cdef int64_t st[64]
+    cdef int64_t[::1] o
+    if nd > 64 or len(strides) != nd or group < 1:
+        raise ValueError("block_offsets: bad arguments")
+    for i in range(nd):
+        shp[i] = batch[i]
+        st[i] = strides[i]
+        n *= shp[i]
+    out = np.empty(n, dtype=np.int64)
+    o = out
+    for j in range(n):
+        r = j
+        off = 0
+        for i in range(nd - 1, -1, -1):
+            c = r % shp[i]
+            r = r // shp[i]
+            if i == nd - 1:
+                c = c // group
+            off += c * st[i]
+        o[j] = off
+    return out
 
 
 def attention(const float[::1] q, const float[::1] k, const float[::1] v,

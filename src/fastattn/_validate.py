@@ -158,6 +158,8 @@ def check_window_size(window_size):
 
 
 def _broadcast(shapes, what):
+    if all(s == shapes[0] for s in shapes):  # the common case, without numpy's overhead
+        return tuple(shapes[0])
     try:
         return tuple(np.broadcast_shapes(*shapes))
     except ValueError:
