@@ -62,7 +62,22 @@ static FA_TARGET void gemm_block_avx2(const float *a, int64_t lda, const float *
     _mm256_storeu_ps(c + 5 * ldc + 8, c51);
 }
 
-/* 2**x, eight lanes: fa_exp2f's algorithm with fused multiply-adds. */
+/* 2**f for |f| <= 1/2 (a little beyond is fine): fa_exp2f's polynomial with
+ * fused multiply-adds. */
+static inline FA_TARGET __m256 exp2_poly_avx2(__m256 f)
+{
+    __m256 p = _mm256_set1_ps(1.52527338040598e-05f);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.000154035303933816f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.00133335581464284f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.00961812910762848f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.0555041086648216f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.240226506959101f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.693147180559945f));
+    return _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+}
+
+/* 2**x, eight lanes: fa_exp2f's algorithm (2**n applied as two exact
+ * power-of-two factors, so that a subnormal result is rounded once). */
 static inline FA_TARGET __m256 exp2_avx2(__m256 x)
 {
     const __m256 shift = _mm256_set1_ps(12582912.0f);
@@ -71,22 +86,26 @@ static inline FA_TARGET __m256 exp2_avx2(__m256 x)
     __m256 xc = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(128.0f)),
                               _mm256_set1_ps(-151.0f));
     __m256 y = _mm256_add_ps(xc, shift);
-    __m256 f = _mm256_sub_ps(xc, _mm256_sub_ps(y, shift));
-    __m256 p = _mm256_set1_ps(1.52527338040598e-05f);
+    __m256 p = exp2_poly_avx2(_mm256_sub_ps(xc, _mm256_sub_ps(y, shift)));
     __m256i n, n1, n2;
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.000154035303933816f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.00133335581464284f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.00961812910762848f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.0555041086648216f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.240226506959101f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.693147180559945f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
     n = _mm256_sub_epi32(_mm256_castps_si256(y), _mm256_set1_epi32(0x4B400000));
     n1 = _mm256_srai_epi32(n, 1);
     n2 = _mm256_sub_epi32(n, n1);
     p = _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23)));
     p = _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23)));
     return _mm256_blendv_ps(p, x, nan);
+}
+
+/* 2**x for -124 <= x <= 0, where the result is a normal float: 2**n is added
+ * to the exponent field (y's low bits hold n, so y << 23 is n << 23). Bit for
+ * bit the value exp2_avx2 gives. */
+static inline FA_TARGET __m256 exp2_normal_avx2(__m256 x)
+{
+    const __m256 shift = _mm256_set1_ps(12582912.0f);
+    const __m256 y = _mm256_add_ps(x, shift);
+    const __m256 p = exp2_poly_avx2(_mm256_sub_ps(x, _mm256_sub_ps(y, shift)));
+    return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p),
+                                                _mm256_slli_epi32(_mm256_castps_si256(y), 23)));
 }
 
 /* Sum of the eight lanes, in a fixed order. */
@@ -120,12 +139,29 @@ static FA_TARGET float tile_max_avx2(const float *s, float m)
     return r > m ? r : m;
 }
 
+/* A row of FA_BK scores s -> 2**(s - m), and their sum. A row whose scores
+ * all lie within 124 of m (no -inf, no NaN) takes exp2_normal_avx2: the same
+ * bits, fewer instructions. */
 static FA_TARGET double tile_exp_avx2(float *s, float m)
 {
     const __m256 mv = _mm256_set1_ps(m);
     const __m256 ninf = _mm256_set1_ps(-INFINITY);
-    __m256 sum = _mm256_setzero_ps();
+    __m256 sum = _mm256_setzero_ps(), mn = _mm256_set1_ps(INFINITY);
+    __m128 h;
     int jj;
+    for (jj = 0; jj < FA_BK; jj += 8)
+        mn = _mm256_min_ps(mn, _mm256_loadu_ps(s + jj));
+    h = _mm_min_ps(_mm256_castps256_ps128(mn), _mm256_extractf128_ps(mn, 1));
+    h = _mm_min_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_min_ss(h, _mm_movehdup_ps(h));
+    if (_mm_cvtss_f32(h) - m >= -124.0f) { /* false for NaN and -inf */
+        for (jj = 0; jj < FA_BK; jj += 8) {
+            const __m256 p = exp2_normal_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + jj), mv));
+            _mm256_storeu_ps(s + jj, p);
+            sum = _mm256_add_ps(sum, p);
+        }
+        return (double)hsum_avx2(sum);
+    }
     for (jj = 0; jj < FA_BK; jj += 8) {
         const __m256 x = _mm256_loadu_ps(s + jj);
         __m256 p = exp2_avx2(_mm256_sub_ps(x, mv));
@@ -184,6 +220,23 @@ static inline FA_TARGET __m256i tail_mask_avx2(int64_t n)
 {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n),
                               _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* 2**x of an array, eight at a time, as the attention kernel takes it:
+ * exp2_normal_avx2 where all eight lie in [-124, 0], else exp2_avx2 (so the
+ * tests reach both). */
+#define FA_HAVE_EXP2_ARRAY 1
+static FA_TARGET void exp2_array_avx2(const float *x, float *y, int64_t n)
+{
+    int64_t j;
+    for (j = 0; j < n; j += 8) {
+        const __m256i in = n - j >= 8 ? _mm256_set1_epi32(-1) : tail_mask_avx2(n - j);
+        const __m256 v = _mm256_maskload_ps(x + j, in); /* lanes past n: 0 */
+        const __m256 ok = _mm256_and_ps(_mm256_cmp_ps(v, _mm256_set1_ps(-124.0f), _CMP_GE_OQ),
+                                        _mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_LE_OQ));
+        _mm256_maskstore_ps(y + j, in, _mm256_movemask_ps(ok) == 0xFF ? exp2_normal_avx2(v)
+                                                                      : exp2_avx2(v));
+    }
 }
 
 /*

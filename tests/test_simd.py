@@ -122,3 +122,22 @@ def test_rows_of_narrow_and_wide_spread_take_the_same_exponentials(simd, m, name
     if name != "logsumexp":
         wide_result = wide_result[:, :-1]
     np.testing.assert_array_equal(narrow_result, wide_result)
+
+
+def test_exp2_in_the_normal_range_takes_the_same_bits(simd):
+    # The attention kernel may take 2**x by a shorter route where every input of
+    # a block lies in [-124, 0] (no subnormal result); exp2 uses the same rule
+    # per eight entries. A block of such inputs and the same block with one
+    # entry moved out of range must agree bit for bit on the entries they share.
+    x = np.linspace(-124.0, 0.0, 80_001, dtype=np.float32)
+    x = x[: x.size // 8 * 8]
+    narrow = np.empty_like(x)
+    _core.exp2(x, narrow)
+    spoiled = x.copy()
+    spoiled[::8] = -130.0  # every block of eight now has an input out of range
+    wide = np.empty_like(x)
+    _core.exp2(spoiled, wide)
+    keep = np.ones(x.size, bool)
+    keep[::8] = False
+    np.testing.assert_array_equal(narrow[keep], wide[keep])
+    np.testing.assert_array_equal(wide[::8], np.float32(2.0**-130))

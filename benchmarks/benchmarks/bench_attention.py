@@ -126,3 +126,19 @@ class Accuracy:
         return float(np.max(np.abs(np.asarray(self.got, np.float64) - self.want)))
 
     track_max_abs_error.unit = "abs error"
+
+
+class SmallCall:
+    """Per-call cost on tiny inputs (one decoding step of a small model):
+    mostly argument checks and shaping in Python, which this keeps in view."""
+
+    params = [["fastattn", "torch"]]
+    param_names = ["impl"]
+
+    def setup(self, impl):
+        q = random((1, 4, 1, 64), 0)
+        k, v = (random((1, 4, 32, 64), seed) for seed in (1, 2))
+        self.fn = sdpa_fn(impl, q, k, v)
+
+    def time_sdpa_small(self, impl):
+        self.fn()

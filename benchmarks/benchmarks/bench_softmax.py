@@ -26,3 +26,21 @@ class Softmax:
 
     def time_softmax(self, *args):
         self.fn()
+
+
+class SoftmaxSmallCall:
+    """Per-call cost of softmax on one short row (Python overhead in view)."""
+
+    params = [["fastattn", "torch"]]
+    param_names = ["impl"]
+
+    def setup(self, impl):
+        self.x = random((1, 64))
+        if impl == "torch":
+            tx = torch_or_skip().from_numpy(self.x)
+            self.fn = lambda: torch_or_skip().softmax(tx, dim=-1)
+        else:
+            self.fn = lambda: fastattn.softmax(self.x)
+
+    def time_softmax_small(self, impl):
+        self.fn()
