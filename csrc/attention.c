@@ -12,12 +12,21 @@
  * Dao et al. 2022):
  *   m' = max(m, max_j s_j),  p_j = exp(s_j - m'),  alpha = exp(m - m'),
  *   l' = alpha l + sum_j p_j,  acc' = alpha acc + sum_j p_j v_j,
- * and finally o = acc / l, lse = m + log(l). Working memory is O(threads x tile).
+ * and finally o = acc / l, lse = m + log(l). Keys are reduced in chunks of
+ * FA_CK from key 0 (the online softmax within a chunk, then the chunks' results
+ * folded in chunk order: fa_merge_chunk); when there are too few units to
+ * occupy the threads (decoding: one query row per head), each chunk of a
+ * unit is a work item of its own, and the partials are folded afterwards in
+ * the same order, with the same bits. Working memory is O(threads x tile),
+ * plus the partials of split units (capped at FA_MAX_PARTIAL bytes).
  */
 #include "fa_kernels.h"
 #include "fa_internal.h"
 
 #include <stdlib.h>
+
+#define FA_MAX_PARTIAL (32.0 * 1024 * 1024) /* bytes of partials for split units, at most */
+static const double LN2 = 0.69314718055994530942;
 
 static void scratch_free(fa_scratch *w)
 {
@@ -36,6 +45,9 @@ static void scratch_free(fa_scratch *w)
     free(w->prow);
     free(w->vrow);
     free(w->allow);
+    free(w->mt);
+    free(w->lt);
+    free(w->acct);
 }
 
 static int scratch_alloc(fa_scratch *w, int64_t D, int64_t Dv)
@@ -60,13 +72,74 @@ static int scratch_alloc(fa_scratch *w, int64_t D, int64_t Dv)
     w->prow = (float *)malloc(FA_MAX_MR * FA_BK * sizeof(float));
     w->vrow = (float *)malloc((FA_BK * Dvp + 1) * sizeof(float));
     w->allow = (unsigned char *)malloc(FA_BQ * FA_BK);
+    w->mt = (float *)malloc(FA_BQ * sizeof(float));
+    w->lt = (double *)malloc(FA_BQ * sizeof(double));
+    w->acct = (float *)malloc((FA_BQ * Dvp + 1) * sizeof(float));
     if (!w->qpad || !w->kt || !w->sc || !w->vpad || !w->tile || !w->acc || !w->m
         || !w->alpha || !w->l || !w->lo || !w->hi || !w->live || !w->prow || !w->vrow
-        || !w->allow) {
+        || !w->allow || !w->mt || !w->lt || !w->acct) {
         scratch_free(w);
         return FA_ERR_NOMEM;
     }
     return FA_OK;
+}
+
+void fa_merge_chunk(int64_t nr, int64_t Dvp, const float *m, const double *l, const float *acc,
+                    float *M, double *L, float *A)
+{
+    int64_t r, d;
+    for (r = 0; r < nr; r++) {
+        const float mc = m[r], mo = M[r];
+        const float *src = acc + r * Dvp;
+        float *dst = A + r * Dvp;
+        float mn, f, g;
+        if (mc == -INFINITY)
+            continue; /* no key of this row in the chunk, or all scores -inf */
+        if (mo == -INFINITY) { /* the first chunk with keys: taken as it is */
+            M[r] = mc;
+            L[r] = l[r];
+            for (d = 0; d < Dvp; d++)
+                dst[d] = src[d];
+            continue;
+        }
+        mn = (mo != mo || mc != mc) ? NAN : (mc > mo ? mc : mo); /* NaN-propagating max */
+        f = fa_exp2f(mo - mn);
+        g = fa_exp2f(mc - mn);
+        L[r] = L[r] * (double)f + l[r] * (double)g;
+        for (d = 0; d < Dvp; d++)
+            dst[d] = dst[d] * f + src[d] * g;
+        M[r] = mn;
+    }
+}
+
+void fa_finish_rows(const fa_attn_args *a, const fa_unit *u, int64_t Dvp, const float *M,
+                    const double *L, const float *A, float *out, float *lse)
+{
+    const int64_t Dv = a->Dv, nr = u->nh * u->nq;
+    int64_t r, d;
+    for (r = 0; r < nr; r++) {
+        const int64_t row = (u->b0 + r / u->nq) * a->L + u->i0 + r % u->nq;
+        const float m = M[r];
+        const float *acc = A + r * Dvp;
+        float *o = Dv > 0 ? out + row * Dv : NULL;
+        float lse_r;
+        if (m != m || m == INFINITY) { /* NaN among the allowed scores, or +inf */
+            for (d = 0; d < Dv; d++)
+                o[d] = NAN;
+            lse_r = m;
+        } else if (m == -INFINITY) { /* no allowed key, or all scores -inf */
+            for (d = 0; d < Dv; d++)
+                o[d] = 0.0f;
+            lse_r = -INFINITY;
+        } else {
+            const double inv = 1.0 / L[r];
+            for (d = 0; d < Dv; d++)
+                o[d] = (float)((double)acc[d] * inv);
+            lse_r = (float)((double)m * LN2 + log(L[r]));
+        }
+        if (lse)
+            lse[row] = lse_r;
+    }
 }
 
 /* The number of consecutive batch items that share k and v (GQA groups, MQA
@@ -108,32 +181,70 @@ static int check_args(const fa_attn_args *a, int nthreads)
     return FA_OK;
 }
 
+/* The geometry of the work units (see fa_unit). */
+typedef struct {
+    int64_t G, nh, nhs, nq, nqt, nunits;
+} fa_units;
+
+static fa_unit unit_at(const fa_attn_args *a, const fa_units *g, int64_t n, int64_t chunk)
+{
+    const int64_t qt = n % g->nqt, hs = (n / g->nqt) % g->nhs, grp = n / (g->nqt * g->nhs);
+    fa_unit u;
+    u.b0 = grp * g->G + hs * g->nh;
+    u.nh = g->G - hs * g->nh < g->nh ? g->G - hs * g->nh : g->nh;
+    u.i0 = qt * g->nq;
+    u.nq = a->L - u.i0 < g->nq ? a->L - u.i0 : g->nq;
+    u.chunk = chunk;
+    return u;
+}
+
 /* Runs the SDPA (weights == NULL) or weights kernel over every work unit. */
 static int run_units(const fa_attn_args *a, float *out, float *lse, float *weights,
                      int nthreads)
 {
     const fa_kernel_table *kern = fa_active_kernels();
-    const int64_t G = a->nbatch > 0 ? kv_group(a) : 1;
-    const int64_t nh = G < FA_BQ ? G : FA_BQ;            /* heads per unit */
-    const int64_t nhs = (G + nh - 1) / nh;               /* head slices per group */
-    const int64_t nq0 = FA_BQ / nh;                      /* query rows per head */
-    const int64_t nq = a->L < nq0 ? (a->L > 0 ? a->L : 1) : nq0;
-    const int64_t nqt = (a->L + nq - 1) / nq;            /* query tiles */
-    const int64_t nunits = (a->nbatch / G) * nhs * nqt;
+    const int64_t nchunks = a->S > FA_CK ? (a->S + FA_CK - 1) / FA_CK : 1;
     double work = (double)a->nbatch * (double)a->L * (double)(a->S > 0 ? a->S : 1)
                   * (double)(a->D + a->Dv);
-    int status = FA_OK;
+    fa_units g;
+    int64_t nrmax, Dvp = (a->Dv + FA_NR - 1) / FA_NR * FA_NR, nitems;
+    float *pm = NULL, *pacc = NULL;
+    double *pl = NULL;
+    int status = FA_OK, split = 0;
     int nt;
-    if (nunits == 0)
+    g.G = a->nbatch > 0 ? kv_group(a) : 1;
+    g.nh = g.G < FA_BQ ? g.G : FA_BQ;          /* heads per unit */
+    g.nhs = (g.G + g.nh - 1) / g.nh;           /* head slices per group */
+    g.nq = FA_BQ / g.nh;                       /* query rows per head */
+    g.nq = a->L < g.nq ? (a->L > 0 ? a->L : 1) : g.nq;
+    g.nqt = (a->L + g.nq - 1) / g.nq;          /* query tiles */
+    g.nunits = (a->nbatch / g.G) * g.nhs * g.nqt;
+    nrmax = g.nh * g.nq;
+    if (g.nunits == 0)
         return FA_OK;
-    nt = fa_threads_for(nthreads, work, nunits);
+    nt = fa_threads_for(nthreads, work, g.nunits);
+    if (!weights && nchunks > 1) { /* too few units for the threads: split them by chunk */
+        const int nt_split = fa_threads_for(nthreads, work, g.nunits * nchunks);
+        const double items = (double)g.nunits * (double)nchunks;
+        if (nt_split > nt && g.nunits < 4 * (int64_t)nt_split
+            && items * (double)nrmax * ((double)Dvp * 4.0 + 12.0) <= FA_MAX_PARTIAL) {
+            const size_t rows = (size_t)(g.nunits * nchunks * nrmax);
+            pm = (float *)malloc(rows * sizeof(float));
+            pl = (double *)malloc(rows * sizeof(double));
+            pacc = (float *)malloc(rows * (size_t)Dvp * sizeof(float) + sizeof(float));
+            split = pm && pl && pacc; /* else: whole units (the same bits) */
+            if (split)
+                nt = nt_split;
+        }
+    }
+    nitems = split ? g.nunits * nchunks : g.nunits;
     (void)nt;
 #ifdef _OPENMP
 #pragma omp parallel num_threads(nt) if (nt > 1)
 #endif
     {
         fa_scratch w;
-        int64_t n;
+        int64_t n, c, r;
         int ok = scratch_alloc(&w, a->D, a->Dv) == FA_OK;
         if (!ok) {
 #ifdef _OPENMP
@@ -144,23 +255,49 @@ static int run_units(const fa_attn_args *a, float *out, float *lse, float *weigh
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif
-        for (n = 0; n < nunits; n++) {
-            const int64_t qt = n % nqt, hs = (n / nqt) % nhs, g = n / (nqt * nhs);
-            fa_unit u;
-            u.b0 = g * G + hs * nh;
-            u.nh = G - hs * nh < nh ? G - hs * nh : nh;
-            u.i0 = qt * nq;
-            u.nq = a->L - u.i0 < nq ? a->L - u.i0 : nq;
+        for (n = 0; n < nitems; n++) {
+            const fa_unit u = unit_at(a, &g, split ? n / nchunks : n, split ? n % nchunks : -1);
             if (!ok)
                 continue;
-            if (weights)
+            if (weights) {
                 kern->weights_unit(a, &u, weights, &w);
-            else
-                kern->sdpa_unit(a, &u, out, lse, &w);
+            } else if (split) {
+                fa_partial p;
+                p.m = pm + n * nrmax;
+                p.l = pl + n * nrmax;
+                p.acc = pacc + n * nrmax * Dvp;
+                kern->sdpa_unit(a, &u, out, lse, &w, &p);
+            } else {
+                kern->sdpa_unit(a, &u, out, lse, &w, NULL);
+            }
+        }
+        if (split) { /* fold each unit's partials in chunk order */
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+            for (n = 0; n < g.nunits; n++) {
+                const fa_unit u = unit_at(a, &g, n, -1);
+                const int64_t nr = u.nh * u.nq;
+                if (!ok || status != FA_OK)
+                    continue; /* (a thread without memory left partials unwritten) */
+                for (r = 0; r < nr; r++) {
+                    w.mt[r] = -INFINITY;
+                    w.lt[r] = 0.0;
+                }
+                for (c = 0; c < nchunks; c++) {
+                    const int64_t item = n * nchunks + c;
+                    fa_merge_chunk(nr, Dvp, pm + item * nrmax, pl + item * nrmax,
+                                   pacc + item * nrmax * Dvp, w.mt, w.lt, w.acct);
+                }
+                fa_finish_rows(a, &u, Dvp, w.mt, w.lt, w.acct, out, lse);
+            }
         }
         if (ok)
             scratch_free(&w);
     }
+    free(pm);
+    free(pl);
+    free(pacc);
     return status;
 }
 

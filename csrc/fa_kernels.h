@@ -26,13 +26,28 @@
 #define FA_BQ 96 /* query rows per attention work unit (a multiple of every MR) */
 #define FA_BK 64 /* keys per tile */
 #define FA_NR 16 /* columns of a micro-kernel block: Dv is padded to it */
+/* Keys per chunk (a multiple of FA_BK). A row's keys are reduced chunk by
+ * chunk from key 0: an online softmax within a chunk, then the chunk's
+ * (max, sum, accumulator) folded into the row's totals in chunk order. The
+ * order depends on S alone, so a unit's chunks may run on different threads
+ * (few query rows: decoding) with the same bits as one thread running them. */
+#define FA_CK 1024
 #define FA_MAX_MR 8 /* rows of a micro-kernel block, at most */
 
 /* Rows of one attention work unit: heads b0 .. b0+nh-1 (batch items that share
  * k and v), query rows i0 .. i0+nq-1 of each; row r is (b0 + r / nq, i0 + r % nq). */
 typedef struct {
     int64_t b0, nh, i0, nq;
+    int64_t chunk; /* split work: the one key chunk to compute, into a partial */
 } fa_unit;
+
+/* One key chunk's result for the rows of a unit, when a unit's chunks are
+ * split over threads: running max (log2 domain), sum, and Dvp accumulators per row. */
+typedef struct {
+    float *m;
+    double *l;
+    float *acc;
+} fa_partial;
 
 /* Per-thread working memory of the attention kernels (sizes in fa_scratch_alloc). */
 typedef struct {
@@ -52,6 +67,9 @@ typedef struct {
     float *vrow;      /* FA_BK x Dvp  the value tile as one row weighs it */
     unsigned char *allow; /* FA_BQ x FA_BK: key allowed (score > -inf), kept for
                            * tiles whose value rows are not all finite */
+    float *mt;        /* FA_BQ       the rows' totals over the chunks done: max, */
+    double *lt;       /* FA_BQ       sum */
+    float *acct;      /* FA_BQ x Dvp and accumulators */
 } fa_scratch;
 
 typedef struct {
@@ -60,8 +78,10 @@ typedef struct {
      * log_softmax or logsumexp (one float). next: the n floats this thread
      * reads next (or NULL), which a variant may prefetch while it computes. */
     void (*rowwise_row)(const float *x, float *out, int64_t n, int op, const float *next);
+    /* part NULL: every chunk of the unit, output and lse written; else only
+     * chunk u->chunk, its partial written to part. */
     void (*sdpa_unit)(const fa_attn_args *a, const fa_unit *u, float *out, float *lse,
-                      fa_scratch *w);
+                      fa_scratch *w, const fa_partial *part);
     void (*weights_unit)(const fa_attn_args *a, const fa_unit *u, float *weights,
                          fa_scratch *w);
     void (*exp_diff_array)(const float *x, float m, float *y, int64_t n);
@@ -72,6 +92,14 @@ extern const fa_kernel_table fa_kernels_generic;
 #if defined(FA_HAVE_X86_VARIANTS)
 extern const fa_kernel_table fa_kernels_avx2;
 #endif
+
+/* Folds a chunk's partial (m, l, acc) of nr rows into the totals (M, L, A),
+ * and writes the rows' output and lse from the totals (attention.c: compiled
+ * once, for every variant and for split and whole units alike). */
+void fa_merge_chunk(int64_t nr, int64_t Dvp, const float *m, const double *l, const float *acc,
+                    float *M, double *L, float *A);
+void fa_finish_rows(const fa_attn_args *a, const fa_unit *u, int64_t Dvp, const float *M,
+                    const double *L, const float *A, float *out, float *lse);
 
 /* The table in use (selected on first use if fa_select_simd was not called). */
 const fa_kernel_table *fa_active_kernels(void);

@@ -242,3 +242,61 @@ def test_concurrent_calls_from_python_threads(rng):
         assert_same_bits(a, b)
     for a, b in zip(par_sm, serial_sm * 2):
         assert_same_bits(a, b)
+
+
+# ------------------------- decoding: one unit's key chunks split over threads
+
+DECODE_CASES = {
+    "plain": {},
+    "causal": {"is_causal": True},
+    "window": {"window": (1500, 0)},
+    "bool-mask, NaN in masked v rows": {"mask": "bool"},
+    "float-mask": {"mask": "float"},
+    "NaN key": {"nan_key": True},
+    "+inf score": {"mask": "inf"},
+}
+
+
+@pytest.mark.parametrize("case", list(DECODE_CASES))
+def test_decode_split_over_key_chunks_gives_the_same_bits(rng, threads, case):
+    # B=1, one kv head for 8 query heads, L=1: a single work unit. With more
+    # than one thread fastattn splits it by chunks of 1024 keys (S = 3000 is
+    # not a multiple) and folds the chunks in order: the bits must be those of
+    # one thread, and of the same query as the last row of a long call (not split).
+    kw = dict(DECODE_CASES[case])
+    S = 3000
+    q, k, v = qkv(rng, (1, 8, 200, 64), (1, 1, S, 64), (1, 1, S, 48))
+    mask = None
+    kind = kw.pop("mask", None)
+    if kind == "bool":
+        mask = rng.random((200, S)) < 0.7
+        mask[:, 2500] = False
+        v[..., 2500, :] = np.nan  # a key no row may see: must not reach the output
+    elif kind == "float":
+        mask = randn(rng, 200, S)
+    elif kind == "inf":
+        mask = np.zeros((200, S), np.float32)
+        mask[:, 1100] = np.inf  # in the second chunk: the row's max is +inf
+    if kw.pop("nan_key", False):
+        k[..., 2100, 0] = np.nan  # a NaN score in the third chunk
+    last = slice(199, 200)
+    row_mask = None if mask is None else mask[last]
+
+    def decode():
+        return sdpa(q[..., last, :], k, v, row_mask, return_lse=True, enable_gqa=True, **kw)
+
+    results = _per_thread_count(threads, decode)
+    _assert_all_same(results)
+    full, full_lse = sdpa(q, k, v, mask, return_lse=True, enable_gqa=True, **kw)
+    assert_same_bits(results[0][0], full[..., last, :])
+    assert_same_bits(results[0][1], full_lse[..., last])
+    want, want_lse = fastattn.reference.scaled_dot_product_attention(
+        q[..., last, :], k, v, row_mask, return_lse=True, enable_gqa=True, **kw)
+    np.testing.assert_allclose(results[0][0], want, rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(results[0][1], want_lse, rtol=2e-5, atol=2e-6)
+    if case == "NaN key":
+        assert np.isnan(results[0][0]).all() and np.isnan(results[0][1]).all()
+    elif case == "+inf score":
+        assert np.isnan(results[0][0]).all() and (results[0][1] == np.inf).all()
+    else:
+        assert np.isfinite(results[0][0]).all() and np.isfinite(results[0][1]).all()
