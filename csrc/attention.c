@@ -186,9 +186,12 @@ typedef struct {
     int64_t G, nh, nhs, nq, nqt, nunits;
 } fa_units;
 
+/* Unit n, the last query tiles first: under is_causal they see the most keys,
+ * and handing the biggest units out first evens out the threads' ends. */
 static fa_unit unit_at(const fa_attn_args *a, const fa_units *g, int64_t n, int64_t chunk)
 {
-    const int64_t qt = n % g->nqt, hs = (n / g->nqt) % g->nhs, grp = n / (g->nqt * g->nhs);
+    const int64_t qt = g->nqt - 1 - n % g->nqt, hs = (n / g->nqt) % g->nhs;
+    const int64_t grp = n / (g->nqt * g->nhs);
     fa_unit u;
     u.b0 = grp * g->G + hs * g->nh;
     u.nh = g->G - hs * g->nh < g->nh ? g->G - hs * g->nh : g->nh;
