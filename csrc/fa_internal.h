@@ -56,7 +56,8 @@ static inline FA_TARGET float fa_scale_pow2(float p, float y)
  * (truncation < 5e-9 relative), and 2**n by fa_scale_pow2. Within 2 ulp of
  * exp(x - m) taken exactly (the tests hold every SIMD variant to that).
  * Branch-free float32 code, so the compiler can vectorise the loops that call
- * it; kernels_avx2.c has the same algorithm in intrinsics.
+ * it; kernels_avx2.c has the same reduction in intrinsics, with a degree-6
+ * polynomial and fused multiply-adds.
  */
 static inline FA_TARGET float fa_exp_diff(float x, float m)
 {

@@ -241,37 +241,40 @@ static FA_TARGET void exp2_array_avx2(const float *x, float *y, int64_t n)
 
 /*
  * exp(x - m) in float32 for a finite row maximum m >= x, eight lanes, as
- * p * 2**n. The difference is split exactly into s + err (Knuth's TwoSum),
- * reduced as s = n ln2 + r (Cody-Waite, ln2 in two parts), and exp(r + err)
- * taken by its degree-7 Taylor polynomial (Horner, fused multiply-adds).
- * `full` (a constant at each call) handles every x <= m: differences below
- * -104 give p = 0 (x = -inf included). Without it the caller guarantees
- * x - m >= -86, so that p * 2**n is a normal float.
+ * p * 2**n (n in the low bits of *y_out). The difference is split exactly into
+ * s + err (Knuth's TwoSum), reduced as s = n ln2 + r (Cody-Waite, ln2 in two
+ * parts), and exp(r + err) taken by a degree-6 polynomial with the least
+ * relative error on |r| <= ln2 / 2 (2e-8; tools/fit_exp_poly.py computes its
+ * coefficients), by Horner's rule with fused multiply-adds. `full` (a
+ * constant at each call) handles every x <= m: differences below -104 give
+ * p = 0 (x = -inf included). Without it the caller guarantees x - m >= -86,
+ * so that p * 2**n is a normal float.
  */
-static inline FA_TARGET __m256 exp_diff_poly_avx2(__m256 x, __m256 nm, int full, __m256i *n_out)
+static inline FA_TARGET __m256 exp_diff_poly_avx2(__m256 x, __m256 nm, int full, __m256 *y_out)
 {
     const __m256 s = _mm256_add_ps(x, nm);
     const __m256 bb = _mm256_sub_ps(s, x);
     __m256 err = _mm256_add_ps(_mm256_sub_ps(x, _mm256_sub_ps(s, bb)), _mm256_sub_ps(nm, bb));
-    __m256 sc = s, under = _mm256_setzero_ps(), n, r, p;
+    __m256 sc = s, under = _mm256_setzero_ps(), y, n, r, p;
     if (full) {
         under = _mm256_cmp_ps(s, _mm256_set1_ps(-104.0f), _CMP_LT_OQ); /* exp(-104) rounds to 0 */
         sc = _mm256_max_ps(s, _mm256_set1_ps(-104.0f));
         err = _mm256_andnot_ps(under, err);
     }
-    n = _mm256_round_ps(_mm256_mul_ps(sc, _mm256_set1_ps(1.44269504088896341f)),
-                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    /* n = round(sc / ln2), held in y's low bits (y = n + 1.5 * 2**23) */
+    y = _mm256_fmadd_ps(sc, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(12582912.0f));
+    n = _mm256_sub_ps(y, _mm256_set1_ps(12582912.0f));
     r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), sc); /* exact: ln2's first 9 bits */
     r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r); /* the rest of ln2 */
     r = _mm256_add_ps(r, err);
-    p = _mm256_fmadd_ps(_mm256_set1_ps(1.0f / 5040), r, _mm256_set1_ps(1.0f / 720));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(_mm256_set1_ps(0.0013842703774571419f), r,
+                        _mm256_set1_ps(0.008374971337616444f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.041668057441711426f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.1666642129421234f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.4999999403953552f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    *n_out = _mm256_cvtps_epi32(n);
+    *y_out = y;
     return full ? _mm256_andnot_ps(under, p) : p;
 }
 
@@ -284,7 +287,9 @@ static inline FA_TARGET __m256 exp_diff_avx2(__m256 x, __m256 nm)
 {
     const __m256i bias = _mm256_set1_epi32(127);
     __m256i ni, n1, n2;
-    __m256 p = exp_diff_poly_avx2(x, nm, 1, &ni);
+    __m256 y;
+    __m256 p = exp_diff_poly_avx2(x, nm, 1, &y);
+    ni = _mm256_sub_epi32(_mm256_castps_si256(y), _mm256_set1_epi32(0x4B400000));
     n1 = _mm256_srai_epi32(ni, 1);
     n2 = _mm256_sub_epi32(ni, n1);
     p = _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23)));
@@ -293,13 +298,15 @@ static inline FA_TARGET __m256 exp_diff_avx2(__m256 x, __m256 nm)
 
 /*
  * The same for x - m >= -86, where every result is a normal float: 2**n is
- * added to p's exponent field. Bit for bit the value exp_diff_avx2 gives.
+ * added to p's exponent field (y's low bits hold n, so y << 23 is n << 23).
+ * Bit for bit the value exp_diff_avx2 gives.
  */
 static inline FA_TARGET __m256 exp_diff_normal_avx2(__m256 x, __m256 nm)
 {
-    __m256i ni;
-    const __m256 p = exp_diff_poly_avx2(x, nm, 0, &ni);
-    return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), _mm256_slli_epi32(ni, 23)));
+    __m256 y;
+    const __m256 p = exp_diff_poly_avx2(x, nm, 0, &y);
+    return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p),
+                                                _mm256_slli_epi32(_mm256_castps_si256(y), 23)));
 }
 
 /* exp(x - m) of one float through the eight-lane code, so that every path of
