@@ -115,6 +115,16 @@ def test_bench_rejects_bad_counts(argv, capsys):
     assert "expected an integer" in capsys.readouterr().err
 
 
+def test_bench_times_grouped_query_shapes(capsys):
+    from fastattn.__main__ import main
+
+    assert main(["bench", "-H", "4", "--kv-heads", "2", "-L", "1", "-S", "64", "-D", "8",
+                 "--repeat", "1", "--no-torch", "--reference"]) == 0
+    assert "sdpa B=1 H=4/2 L=1 S=64 D=8" in capsys.readouterr().out
+    assert main(["bench", "-H", "4", "--kv-heads", "3", "--no-torch"]) == 2
+    assert "must be a multiple of --kv-heads" in capsys.readouterr().err
+
+
 def _traced_peak(fn):
     tracemalloc.start()
     fn()

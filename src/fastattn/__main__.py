@@ -78,9 +78,11 @@ def _random_cases(rng):
     ]
 
 
-def run_checks(out=sys.stdout):
+def run_checks(out=None):
     """Print one line per check (the worked example, random inputs from a fixed
-    seed, real MiniLM activations of every layer); return True when all pass."""
+    seed, real MiniLM activations of every layer) to `out` (default sys.stdout
+    at call time); return True when all pass."""
+    out = sys.stdout if out is None else out
     ok, err = _worked_example()
     rows = [("worked example (SPEC)", ok, err)]
     for name, fn, args, kwargs in _random_cases(np.random.default_rng(SEED)):
@@ -115,21 +117,26 @@ def main_job(args):
 
 def bench(args):
     shape_given = any(getattr(args, name) is not None for name in
-                      ("batch", "heads", "L", "S", "D", "window")) or args.causal
+                      ("batch", "heads", "kv_heads", "L", "S", "D", "window")) or args.causal
     if args.threads is not None:
         fastattn.set_num_threads(args.threads)
     if not shape_given:
         grid(repeat=args.repeat, memory=not args.no_memory)
         return 0
     B, H = args.batch or 1, args.heads or 8
+    Hkv = H if args.kv_heads is None else args.kv_heads
+    if H % Hkv:
+        print(f"bench: --heads ({H}) must be a multiple of --kv-heads ({Hkv})", file=sys.stderr)
+        return 2
     L = args.L or 1024
     S = L if args.S is None else args.S
     D = args.D or 64
     window = None if args.window is None else (args.window - 1, 0)  # window_size W
     peers = [p for p, on in (("reference", args.reference), ("torch", not args.no_torch)) if on]
     times = time_sdpa(B, H, L, S, D, causal=args.causal, window=window, repeat=args.repeat,
-                      peers=peers)
-    label = (f"sdpa B={B} H={H} L={L} S={S} D={D}" + (" causal" if args.causal else "")
+                      peers=peers, kv_heads=Hkv)
+    label = (f"sdpa B={B} H={H}" + (f"/{Hkv}" if Hkv != H else "") + f" L={L} S={S} D={D}"
+             + (" causal" if args.causal else "")
              + (f" window={args.window}" if window else ""))
     print_times([(label, times)])
     return 0
@@ -163,9 +170,13 @@ def main(argv=None):
                     "speed-ups, GQA decoding, softmax, thread scaling, peak memory) and print "
                     "one row per target. With any shape option: time "
                     "fastattn.scaled_dot_product_attention on q (B, H, L, D), k and v "
-                    "(B, H, S, D) against PyTorch (when installed) and optionally the reference.")
+                    "(B, HKV, S, D) against PyTorch (when installed) and optionally the "
+                    "reference.")
     b.add_argument("--batch", "-B", type=_count(1), help="batch size (default 1)")
     b.add_argument("--heads", "-H", type=_count(1), help="heads (default 8)")
+    b.add_argument("--kv-heads", type=_count(1), metavar="HKV",
+                   help="heads of k and v (default: --heads); fewer: grouped-query "
+                        "attention (enable_gqa=True)")
     b.add_argument("-L", type=_count(1), help="queries (default 1024)")
     b.add_argument("-S", type=_count(0), help="keys (default: L)")
     b.add_argument("-D", type=_count(1), help="head dimension (default 64)")

@@ -53,13 +53,16 @@ def _torch_sdpa(torch, q, k, v, **kw):
 
 
 def time_sdpa(batch, heads, L, S, D, causal=False, window=None, repeat=3,
-              peers=("reference", "torch")):
+              peers=("reference", "torch"), kv_heads=None):
     """Seconds of fastattn and its peers on q (batch, heads, L, D), k and v
-    (batch, heads, S, D): a dict implementation -> seconds, None where a peer
+    (batch, kv_heads, S, D) (kv_heads < heads: grouped-query attention,
+    enable_gqa=True): a dict implementation -> seconds, None where a peer
     is not installed or has no equivalent (PyTorch: windows, causal L != S)."""
-    q, k, v = _randn((batch, heads, L, D), 0), _randn((batch, heads, S, D), 1), \
-        _randn((batch, heads, S, D), 2)
-    kw = {"is_causal": causal, "window": window}
+    kv_heads = heads if kv_heads is None else kv_heads
+    q, k, v = _randn((batch, heads, L, D), 0), _randn((batch, kv_heads, S, D), 1), \
+        _randn((batch, kv_heads, S, D), 2)
+    gqa = kv_heads != heads
+    kw = {"is_causal": causal, "window": window, "enable_gqa": gqa}
     times = {"fastattn": best_time(
         lambda: fastattn.scaled_dot_product_attention(q, k, v, **kw), repeat)}
     if "reference" in peers:
@@ -70,12 +73,15 @@ def time_sdpa(batch, heads, L, S, D, causal=False, window=None, repeat=3,
         times["torch"] = None
         if torch is not None and window is None and (not causal or L == S):
             torch.set_num_threads(fastattn.get_num_threads())
-            times["torch"] = best_time(_torch_sdpa(torch, q, k, v, is_causal=causal), repeat)
+            times["torch"] = best_time(_torch_sdpa(torch, q, k, v, is_causal=causal,
+                                                   enable_gqa=gqa), repeat)
     return times
 
 
-def print_times(rows, out=sys.stdout):
-    """rows: (label, times dict); one line each, with speed-up columns."""
+def print_times(rows, out=None):
+    """rows: (label, times dict); one line each, with speed-up columns; to `out`
+    (default: sys.stdout at call time)."""
+    out = sys.stdout if out is None else out
     print(f"{'case':<42}{'fastattn':>10}{'reference':>11}{'torch':>10}"
           f"{'ref/fa':>8}{'torch/fa':>9}", file=out)
 
@@ -110,9 +116,11 @@ def peak_extra_mib(L=16384):
     return int(res.stdout.strip()) / 1024
 
 
-def grid(repeat=3, memory=True, out=sys.stdout):
+def grid(repeat=3, memory=True, out=None):
     """Measure the speed targets and print one row per target:
-    what was measured, the goal, and whether it is met."""
+    what was measured, the goal, and whether it is met (to `out`, default
+    sys.stdout at call time)."""
+    out = sys.stdout if out is None else out
     torch = torch_or_none()
     threads = fastattn.get_num_threads()
     rows = []
