@@ -117,12 +117,29 @@ static inline FA_TARGET float hsum_avx2(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
+/* Largest and smallest of the eight lanes (callers check for NaN apart). */
+static inline FA_TARGET float hmax_avx2(__m256 v)
+{
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+}
+
+static inline FA_TARGET float hmin_avx2(__m256 v)
+{
+    __m128 h = _mm_min_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_min_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_min_ss(h, _mm_movehdup_ps(h)));
+}
+
+/* 2**x is a normal float for x >= EXP2_NORMAL_LO (and x <= 0): exp2_normal_avx2 serves. */
+#define EXP2_NORMAL_LO -124.0f
+
 /* The tile softmax step, eight lanes at a time (see the portable versions). */
 #define FA_HAVE_TILE_SOFTMAX 1
 static FA_TARGET float tile_max_avx2(const float *s, float m)
 {
     __m256 mx = _mm256_set1_ps(-INFINITY), nan = _mm256_setzero_ps();
-    __m128 h;
     float r;
     int jj;
     for (jj = 0; jj < FA_BK; jj += 8) {
@@ -132,10 +149,7 @@ static FA_TARGET float tile_max_avx2(const float *s, float m)
     }
     if (_mm256_movemask_ps(nan) || m != m)
         return NAN;
-    h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_max_ss(h, _mm_movehdup_ps(h));
-    r = _mm_cvtss_f32(h);
+    r = hmax_avx2(mx);
     return r > m ? r : m;
 }
 
@@ -147,14 +161,10 @@ static FA_TARGET double tile_exp_avx2(float *s, float m)
     const __m256 mv = _mm256_set1_ps(m);
     const __m256 ninf = _mm256_set1_ps(-INFINITY);
     __m256 sum = _mm256_setzero_ps(), mn = _mm256_set1_ps(INFINITY);
-    __m128 h;
     int jj;
     for (jj = 0; jj < FA_BK; jj += 8)
         mn = _mm256_min_ps(mn, _mm256_loadu_ps(s + jj));
-    h = _mm_min_ps(_mm256_castps256_ps128(mn), _mm256_extractf128_ps(mn, 1));
-    h = _mm_min_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_min_ss(h, _mm_movehdup_ps(h));
-    if (_mm_cvtss_f32(h) - m >= -124.0f) { /* false for NaN and -inf */
+    if (hmin_avx2(mn) - m >= EXP2_NORMAL_LO) { /* false for NaN and -inf */
         for (jj = 0; jj < FA_BK; jj += 8) {
             const __m256 p = exp2_normal_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + jj), mv));
             _mm256_storeu_ps(s + jj, p);
@@ -232,7 +242,7 @@ static FA_TARGET void exp2_array_avx2(const float *x, float *y, int64_t n)
     for (j = 0; j < n; j += 8) {
         const __m256i in = n - j >= 8 ? _mm256_set1_epi32(-1) : tail_mask_avx2(n - j);
         const __m256 v = _mm256_maskload_ps(x + j, in); /* lanes past n: 0 */
-        const __m256 ok = _mm256_and_ps(_mm256_cmp_ps(v, _mm256_set1_ps(-124.0f), _CMP_GE_OQ),
+        const __m256 ok = _mm256_and_ps(_mm256_cmp_ps(v, _mm256_set1_ps(EXP2_NORMAL_LO), _CMP_GE_OQ),
                                         _mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_LE_OQ));
         _mm256_maskstore_ps(y + j, in, _mm256_movemask_ps(ok) == 0xFF ? exp2_normal_avx2(v)
                                                                       : exp2_avx2(v));
@@ -442,7 +452,6 @@ static FA_TARGET void rowwise_row_avx2(const float *x, float *out, int64_t n, in
     __m256 nan = _mm256_setzero_ps();
     const int64_t nb = n / 8 * 8;
     const __m256i tail = tail_mask_avx2(n - nb);
-    __m128 h;
     float m, lowest;
     double top, rest;
     int64_t j;
@@ -459,14 +468,8 @@ static FA_TARGET void rowwise_row_avx2(const float *x, float *out, int64_t n, in
         mn = _mm256_min_ps(mn, _mm256_blendv_ps(_mm256_set1_ps(INFINITY), v, in));
         nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
     }
-    h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_max_ss(h, _mm_movehdup_ps(h));
-    m = _mm_cvtss_f32(h);
-    h = _mm_min_ps(_mm256_castps256_ps128(mn), _mm256_extractf128_ps(mn, 1));
-    h = _mm_min_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_min_ss(h, _mm_movehdup_ps(h));
-    lowest = _mm_cvtss_f32(h);
+    m = hmax_avx2(mx);
+    lowest = hmin_avx2(mn);
     if (_mm256_movemask_ps(nan)) {
         m = NAN;
     }
