@@ -71,6 +71,17 @@ int fa_sdpa_f32(const fa_attn_args *a, float *out, float *lse, int nthreads);
 /* weights: nbatch * L * S floats, the softmax weights of the same computation. */
 int fa_attention_weights_f32(const fa_attn_args *a, float *weights, int nthreads);
 
+/*
+ * Merge of P partial attention results over disjoint key sets: partial p is
+ * outs[p] (nrows x Dv, row-major) with its log-sum-exps lses[p] (nrows). Writes
+ * o (nrows x Dv) and lse (nrows): lse = log sum_p exp(lse_p),
+ * o = sum_p exp(lse_p - lse) o_p, folded in partial order. A partial whose
+ * lse_p is -inf is never read; all -inf gives o = 0, lse = -inf; a NaN lse_p
+ * gives a NaN row (lse NaN), else a +inf one gives o NaN, lse +inf.
+ */
+int fa_merge_f32(const float *const *outs, const float *const *lses, int64_t P, int64_t nrows,
+                 int64_t Dv, float *o, float *lse, int nthreads);
+
 /* The exponentials of the selected SIMD variant, exposed for the accuracy
  * tests: y[i] = exp(x[i] - m) as the softmax family computes it (m finite,
  * x[i] <= m), and y[i] = 2**x[i] as the attention kernels compute it. */

@@ -42,3 +42,5 @@ cdef extern from "fastattn.h" nogil:
     int fa_omp_max_threads()
     const char *fa_compiler()
     const char *fa_simd_kernel()
+    int fa_merge_f32(const float *const *outs, const float *const *lses, int64_t P,
+                     int64_t nrows, int64_t Dv, float *o, float *lse, int nthreads)

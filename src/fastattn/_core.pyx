@@ -5,6 +5,7 @@ Every argument arrives validated and shaped by fastattn._api: 1-d C-contiguous
 float32 / uint8 / int64 buffers and Python ints. Each wrapper releases the GIL
 for the one C call and maps the returned status to an exception in _check.
 """
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.stdint cimport int64_t, uint8_t
 
 import numpy as np
@@ -182,3 +183,32 @@ def build_info():
         "openmp": bool(fa_built_with_openmp()),
         "simd": fa_simd_kernel().decode(),
     }
+
+
+def merge(list outs, list lses, int64_t nrows, int64_t Dv, float[::1] o, float[::1] lse,
+          int nthreads):
+    """Merge the partials outs[p] (1-d, nrows*Dv floats) with lses[p] (nrows
+    floats), all C-contiguous float32, into o and lse (read in place)."""
+    cdef Py_ssize_t P = len(outs), p
+    cdef const float[::1] view
+    cdef const float **optr = NULL
+    cdef const float **lptr = NULL
+    cdef int status
+    if len(lses) != P:
+        raise ValueError("merge: outs and lses differ in length")
+    optr = <const float **>PyMem_Malloc((P + 1) * sizeof(float *))
+    lptr = <const float **>PyMem_Malloc((P + 1) * sizeof(float *))
+    try:
+        if optr == NULL or lptr == NULL:
+            raise MemoryError("fastattn: merge could not allocate its pointer table")
+        for p in range(P):
+            view = outs[p]
+            optr[p] = _fptr(view)
+            view = lses[p]
+            lptr[p] = _fptr(view)
+        with nogil:
+            status = fa_merge_f32(optr, lptr, P, nrows, Dv, _wptr(o), _wptr(lse), nthreads)
+        _check(status)
+    finally:
+        PyMem_Free(optr)
+        PyMem_Free(lptr)

@@ -257,3 +257,46 @@ def attention_inputs(q, k, v, attn_mask, is_causal, window, scale, enable_gqa, w
         q=q, k=k, v=v, mask=mask, batch=batch, L=L, S=S, D=D, Dv=Dv,
         scale=check_scale(scale, D), is_causal=is_causal, window=window, group=group,
     )
+
+
+def merge_inputs(outs, lses):
+    """Validate and convert the partials of merge_attention.
+
+    `outs` and `lses` are each a sequence of arrays or one array whose first axis
+    indexes the partials. Returns (outs, lses, shape): lists of C-contiguous
+    float32 arrays (no copy of those that already are) and the shape of one
+    output partial, (..., L, Dv).
+    """
+    def split(x, name):
+        if isinstance(x, (list, tuple)):
+            return [as_float32(part, f"{name}[{p}]") for p, part in enumerate(x)], None
+        arr = as_float32(x, name)
+        if arr.ndim < 1:
+            raise ValueError(f"{name} must be a sequence of arrays or one array with the "
+                             f"partials on its first axis, got a 0-d array")
+        return list(arr), arr.shape[1:]
+
+    outs, o_shape = split(outs, "outs")
+    lses, l_shape = split(lses, "lses")
+    if len(outs) != len(lses):
+        raise ValueError(f"outs and lses must hold as many partials, got {len(outs)} and "
+                         f"{len(lses)}")
+    if o_shape is None:
+        if not outs:
+            raise ValueError("outs must hold at least one partial (or be one array with a "
+                             "partials axis of length 0)")
+        o_shape = outs[0].shape
+    if len(o_shape) < 2:
+        raise ValueError(f"each partial output must have shape (..., L, Dv), got {o_shape}")
+    for p, part in enumerate(outs):
+        if part.shape != o_shape:
+            raise ValueError(f"outs[{p}] has shape {part.shape}, expected {o_shape} "
+                             f"(the shape of outs[0]; partials must agree exactly)")
+    for p, part in enumerate(lses):
+        if part.shape != o_shape[:-1]:
+            raise ValueError(f"lses[{p}] has shape {part.shape}, expected {o_shape[:-1]} "
+                             f"(the partial outputs' shape {o_shape} without its last axis)")
+    if not lses and l_shape is not None and l_shape != o_shape[:-1]:  # no partial, but the shapes still must agree
+        raise ValueError(f"lses has partials of shape {l_shape}, expected {o_shape[:-1]} "
+                         f"(the partial outputs' shape {o_shape} without its last axis)")
+    return outs, lses, tuple(o_shape)

@@ -18,6 +18,7 @@ from fastattn._validate import (
     attention_inputs,
     check_out,
     check_window_size,
+    merge_inputs,
     normalize_axis,
 )
 
@@ -29,6 +30,7 @@ __all__ = [
     "causal_attention",
     "sliding_window_attention",
     "attention_weights",
+    "merge_attention",
 ]
 
 
@@ -210,3 +212,34 @@ def attention_weights(q, k, attn_mask=None, *, is_causal=False, window=None, sca
     w, _ = _softmax_rows(_scores(a))
     return np.ascontiguousarray(w, dtype=np.float32)
 
+
+
+# ----------------------------------------------------------------------------
+# Merging partial results
+
+
+def merge_attention(outs, lses, *, out=None):
+    """Reference merge of partial attention results over disjoint key sets:
+    ``lse = log(sum_p exp(lse_p))``, ``o = sum_p exp(lse_p - lse) * o_p``, in
+    float64 (see :func:`fastattn.merge_attention`)."""
+    parts, part_lses, shape = merge_inputs(outs, lses)
+    P = len(parts)
+    o_p = np.stack([a.astype(np.float64) for a in parts]) if P else np.zeros((0,) + shape)
+    l_p = (np.stack([a.astype(np.float64) for a in part_lses]) if P
+           else np.zeros((0,) + shape[:-1]))
+    with np.errstate(all="ignore"):
+        m = np.max(l_p, axis=0, initial=-np.inf)  # NaN propagates
+        shift = np.where(np.isfinite(m), m, 0.0)
+        w = np.exp(l_p - shift)                  # -inf partials: weight exactly 0
+        total = np.sum(w, axis=0)
+        lse = shift + np.log(total)
+        coef = np.where(l_p == -np.inf, 0.0, w / total)
+        # a partial of lse -inf is never read: its o_p (maybe NaN) is replaced by 0
+        o = np.sum(coef[..., None] * np.where((l_p == -np.inf)[..., None], 0.0, o_p), axis=0)
+    # the row rules: no partial with a key -> 0, -inf; NaN -> NaN; +inf -> NaN, +inf
+    none, nan, inf = m == -np.inf, np.isnan(m), m == np.inf
+    lse = np.where(none, -np.inf, np.where(nan, np.nan, np.where(inf, np.inf, lse)))
+    o = np.where(none[..., None], 0.0, np.where((nan | inf)[..., None], np.nan, o))
+    inputs = [(f"outs[{p}]", a) for p, a in enumerate(parts)]
+    inputs += [(f"lses[{p}]", a) for p, a in enumerate(part_lses)]
+    return _finish(o, out, inputs), lse.astype(np.float32)
