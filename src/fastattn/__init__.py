@@ -27,6 +27,7 @@ from fastattn._api import (  # noqa: E402
     softmax,
 )
 from fastattn._config import show_config  # noqa: E402
+from fastattn import flash_attn  # noqa: E402,F401  (FlashAttention's Python API)
 
 __version__ = "0.1.0"
 

@@ -1,0 +1,862 @@
+"""FlashAttention's Python API on the CPU, over fastattn's kernels.
+
+``flash_attn_func``, ``flash_attn_varlen_func`` and ``flash_attn_with_kvcache``
+take FlashAttention 2's argument names, defaults, layouts and return values, so
+that code written for ``flash_attn`` runs on NumPy arrays without a GPU:
+
+>>> from fastattn.flash_attn import flash_attn_func  # instead of: from flash_attn import ...
+
+Layouts are FlashAttention's token-major ones: ``q (B, L, H, D)``,
+``k``/``v (B, S, Hkv, D)``; varlen ``(total, H, D)``; KV caches
+``(B_cache, S_max, Hkv, D)`` or, paged, ``(num_blocks, block_size, Hkv, D)``
+with a ``block_table``. They are handed to the core as ``(B, H, L, D)`` views
+(``swapaxes``), never repeated per head. Results are float32 NumPy arrays.
+
+Semantics, as in FlashAttention >= 2.1: ``causal`` is aligned to the
+bottom-right corner (query ``i`` sits at key position ``i + S - L``);
+``window_size=(left, right)`` allows keys ``p_i - left <= j <= p_i + right``
+with -1 (any negative value) for an unbounded side; ``softcap > 0`` applies
+``softcap * tanh(s / softcap)``; ``alibi_slopes`` of shape ``(H,)`` or
+``(B, H)`` subtracts ``slope * |p_i - j|``; grouped-query and multi-query
+attention follow from ``Hkv`` dividing ``H``. These map onto
+:func:`fastattn.scaled_dot_product_attention` as ``window=(left, right)``
+with None for -1, ``softcap=None`` for 0.0, ``is_causal``, ``enable_gqa``.
+
+This is inference only: ``dropout_p != 0`` raises ``ValueError``; there is no
+backward pass (``deterministic`` is accepted and has no effect: the forward
+pass is deterministic, bitwise, for every thread count).
+"""
+import math
+import numbers
+import operator
+
+import numpy as np
+
+import fastattn
+
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"]
+
+
+# ----------------------------------------------------------------------------
+# Argument checks (each error names the argument, what it got, what was expected)
+
+
+def _real_float_dtype(dtype):
+    return dtype.kind == "f" or dtype.name == "bfloat16"
+
+
+def _array(x, name, ndim, writeable=False):
+    """`x` as an ndarray of a real floating dtype with `ndim` dims (no copy)."""
+    if writeable:
+        if not isinstance(x, np.ndarray):
+            raise TypeError(f"{name} must be a NumPy array (it is updated in place), "
+                            f"got {type(x).__name__}")
+        if not x.flags.writeable:
+            raise ValueError(f"{name} must be writeable: k and v are appended into it in place")
+        arr = x
+    else:
+        try:
+            arr = np.asarray(x)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"{name} must be an array of real floating values: {exc}") from None
+    if not _real_float_dtype(arr.dtype):
+        raise TypeError(f"{name} must have a real floating dtype (float16, bfloat16, float32 "
+                        f"or float64), got {arr.dtype}")
+    if arr.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {arr.shape}")
+    return arr
+
+
+def _index_array(x, name, shape=None):
+    """`x` as an int64 array (of `shape` when given); TypeError unless integer."""
+    arr = np.asarray(x)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be an array of integers, got dtype {arr.dtype}")
+    if shape is not None and arr.shape != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {arr.shape}")
+    return arr.astype(np.int64)
+
+
+def _int(x, name, minimum=0):
+    if isinstance(x, (bool, np.bool_)):
+        raise TypeError(f"{name} must be an int, got {x!r}")
+    try:
+        value = operator.index(x)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(x).__name__}") from None
+    if value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
+    return value
+
+
+def _bool(x, name):
+    if isinstance(x, (bool, np.bool_)):
+        return bool(x)
+    raise TypeError(f"{name} must be a bool, got {type(x).__name__}")
+
+
+def _check_dropout(dropout_p):
+    if isinstance(dropout_p, (bool, np.bool_)) or not isinstance(dropout_p, numbers.Real):
+        raise TypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
+    if dropout_p != 0:
+        raise ValueError(f"dropout_p must be 0.0: fastattn.flash_attn is for inference and has "
+                         f"no dropout, got {dropout_p!r}")
+
+
+def _check_scale(softmax_scale):
+    """softmax_scale as the core's `scale` (None = 1/sqrt(D))."""
+    if softmax_scale is None:
+        return None
+    if isinstance(softmax_scale, (bool, np.bool_)) or not isinstance(softmax_scale, numbers.Real):
+        raise TypeError(f"softmax_scale must be a float or None, got "
+                        f"{type(softmax_scale).__name__}")
+    if not math.isfinite(float(softmax_scale)):
+        raise ValueError(f"softmax_scale must be finite, got {softmax_scale!r}")
+    return float(softmax_scale)
+
+
+def _check_softcap(softcap):
+    """FlashAttention's softcap (0.0 = off) as the core's (None = off)."""
+    if isinstance(softcap, (bool, np.bool_)) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"softcap must be a float, got {type(softcap).__name__}")
+    value = float(softcap)
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"softcap must be a finite float >= 0 (0.0 = off), got {softcap!r}")
+    return value if value > 0 else None
+
+
+def _check_window(window_size):
+    """FlashAttention's window_size (-1 = unbounded) as the core's window (None)."""
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
+        raise ValueError(f"window_size must be a pair (left, right) of ints, -1 for unbounded, "
+                         f"got {window_size!r}")
+    sides = []
+    for side, value in zip(("left", "right"), window_size):
+        if isinstance(value, (bool, np.bool_)):
+            raise ValueError(f"window_size's {side} side must be an int, got {value!r}")
+        try:
+            value = operator.index(value)
+        except TypeError:
+            raise ValueError(f"window_size's {side} side must be an int (-1 for unbounded), "
+                             f"got {value!r}") from None
+        sides.append(None if value < 0 else value)
+    return tuple(sides)
+
+
+def _check_alibi(alibi_slopes, B, H):
+    """alibi_slopes of shape (H,) or (B, H), finite, as a float32 array."""
+    if alibi_slopes is None:
+        return None
+    arr = np.asarray(alibi_slopes)
+    if arr.dtype.kind != "f":
+        raise TypeError(f"alibi_slopes must have a real floating dtype, got {arr.dtype}")
+    if arr.shape not in ((H,), (B, H)):
+        raise ValueError(f"alibi_slopes must have shape (nheads,) = ({H},) or (batch_size, "
+                         f"nheads) = ({B}, {H}), got {arr.shape}")
+    if not np.isfinite(arr).all():
+        raise ValueError("alibi_slopes must be finite")
+    return arr
+
+
+def _check_heads(H, Hkv, what="k"):
+    if Hkv < 1 or H % Hkv:
+        raise ValueError(f"the number of query heads ({H}) must be a multiple of {what}'s "
+                         f"number of heads ({Hkv})")
+
+
+def _check_out(out, shape, inputs):
+    """`out` for a result of `shape`: float32 (TypeError), exact shape, C-contiguous,
+    writeable and not overlapping an input (ValueError)."""
+    if out is None:
+        return None
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out must be a NumPy array, got {type(out).__name__}")
+    if out.dtype != np.float32:
+        raise TypeError(f"out must have dtype float32 (nothing is cast into it), got {out.dtype}")
+    if out.shape != shape:
+        raise ValueError(f"out must have shape {shape}, got {out.shape}")
+    if not out.flags.c_contiguous:
+        raise ValueError("out must be C-contiguous")
+    if not out.flags.writeable:
+        raise ValueError("out must be writeable")
+    for name, arr in inputs:
+        if isinstance(arr, np.ndarray) and np.may_share_memory(out, arr):
+            raise ValueError(f"out must not share memory with {name}")
+    return out
+
+
+def _core_options(causal, window, scale, softcap, alibi):
+    """Keywords for fastattn.scaled_dot_product_attention (only those that are set)."""
+    kw = dict(is_causal=causal, scale=scale)
+    if window != (None, None):
+        kw["window"] = window
+    if softcap is not None:
+        kw["softcap"] = softcap
+    if alibi is not None:
+        kw["alibi_slopes"] = alibi
+    return kw
+
+
+def _bhld(x):
+    """(B, L, H, D) -> the (B, H, L, D) view the core reads; (T, H, D) -> (H, T, D)."""
+    return x.swapaxes(-3, -2)
+
+
+def _token_major(out_bhld, out):
+    """The core's (B, H, L, Dv) result as FlashAttention's (B, L, H, Dv): a free
+    reshape when L or H is 1, else one copy (into `out` when given)."""
+    result = out_bhld.swapaxes(1, 2)
+    if out is not None:
+        if not np.shares_memory(out, out_bhld):
+            np.copyto(out, result)
+        return out
+    return np.ascontiguousarray(result)
+
+
+def _core_out(out, B, L, H, Dv):
+    """The (B, H, L, Dv) buffer the core writes: `out` itself when L or H is 1
+    (the same memory order), else a new array."""
+    if out is not None and (L == 1 or H == 1):
+        return out.reshape(B, H, L, Dv)
+    return np.empty((B, H, L, Dv), np.float32)
+
+
+# ----------------------------------------------------------------------------
+# flash_attn_func
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
+                    window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+                    return_attn_probs=False, *, out=None):
+    """FlashAttention's ``flash_attn_func``: attention on ``(B, L, H, D)`` arrays.
+
+    Parameters
+    ----------
+    q : array_like, shape (B, L, H, D), real floating dtype
+        Queries, token-major (FlashAttention's layout).
+    k : array_like, shape (B, S, Hkv, D), real floating dtype
+        Keys; ``H % Hkv == 0`` (grouped-query heads: query head ``h`` reads kv
+        head ``h // (H // Hkv)``; ``Hkv = 1`` is multi-query attention).
+    v : array_like, shape (B, S, Hkv, Dv), real floating dtype
+        Values. q, k and v are read as ``(B, H, L, D)`` views of the given
+        arrays; they are converted to float32 as
+        :func:`fastattn.scaled_dot_product_attention` converts its inputs.
+    dropout_p : float, default 0.0
+        Must be 0.0 (inference only).
+    softmax_scale : float, optional
+        Score scale; default ``1 / sqrt(D)``.
+    causal : bool, default False
+        Causal mask aligned to the bottom-right corner: query ``i`` sees keys
+        ``j <= i + S - L``. With ``L > S`` the first ``L - S`` rows see no key
+        and are 0.
+    window_size : (int, int), default (-1, -1)
+        ``(left, right)``: query ``i`` sees keys ``p_i - left <= j <= p_i +
+        right`` with ``p_i = i + S - L``; a negative side is unbounded.
+        Intersects with `causal`.
+    softcap : float, default 0.0
+        ``> 0``: scores become ``softcap * tanh(s / softcap)``; 0.0 is off.
+    alibi_slopes : array_like, shape (H,) or (B, H), optional
+        ALiBi: ``-slope * |p_i - j|`` is added to the score of query ``i``
+        and key ``j``.
+    deterministic : bool, default False
+        Accepted for compatibility (it selects FlashAttention's backward pass);
+        no effect: results are always bitwise reproducible.
+    return_attn_probs : bool, default False
+        Also return ``softmax_lse`` and the attention probabilities.
+    out : ndarray, optional
+        fastattn extension (keyword only): a writeable C-contiguous float32
+        array of shape (B, L, H, Dv), not sharing memory with an input, that
+        receives the output and is returned.
+
+    Returns
+    -------
+    out : ndarray, float32, shape (B, L, H, Dv)
+    softmax_lse : ndarray, float32, shape (B, H, L)
+        Only with `return_attn_probs`: ``log(sum_j exp(s_ij))`` over the
+        allowed keys (natural log of the scaled, soft-capped, biased scores).
+    attn_probs : ndarray, float32, shape (B, H, L, S)
+        Only with `return_attn_probs`: the softmax weights, as
+        :func:`fastattn.attention_weights` gives them.
+
+    Raises
+    ------
+    TypeError
+        If an array has a non-floating dtype, a flag is not a bool, a number is
+        not a number, or `out` is not a float32 array.
+    ValueError
+        If `dropout_p` is not 0, an array does not have 4 dimensions, the batch
+        sizes, S, D or kv heads of q, k and v disagree, ``H % Hkv != 0``,
+        `window_size` is not a pair of ints, `softmax_scale` is not finite,
+        `softcap` is negative or not finite, `alibi_slopes` has a shape other
+        than (H,) or (B, H) or is not finite, or `out` has the wrong shape or
+        layout or overlaps an input.
+
+    Notes
+    -----
+    Behaviour matched, from FlashAttention 2.x's docstrings and tests:
+    bottom-right causal alignment (since 2.1) for ``L != S``; fully masked
+    rows give an output of 0. Where FlashAttention differs by code path, fastattn
+    picks one rule: the ``softmax_lse`` of a row with no allowed key is -inf (the
+    log of an empty sum; FlashAttention's kernels report +inf or -inf depending on
+    the path). FlashAttention returns a placeholder for the probabilities unless
+    dropout is on ("for testing only"); here they are the exact weights
+    (O(B H L S) memory). Any ``D`` >= 1 works (FlashAttention pads D to a
+    multiple of 8 and stops at 256).
+
+    References
+    ----------
+    .. [1] T. Dao, "FlashAttention-2: Faster Attention with Better Parallelism
+       and Work Partitioning", ICLR 2024; the ``flash_attn`` package's
+       ``flash_attn_interface.py`` for the argument conventions.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastattn.flash_attn import flash_attn_func
+    >>> rng = np.random.default_rng(0)
+    >>> q = rng.standard_normal((2, 5, 8, 16), dtype=np.float32)  # (B, L, H, D)
+    >>> k = rng.standard_normal((2, 7, 2, 16), dtype=np.float32)  # (B, S, Hkv, D)
+    >>> v = rng.standard_normal((2, 7, 2, 16), dtype=np.float32)
+    >>> out, lse, probs = flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    >>> out.shape, lse.shape, probs.shape
+    ((2, 5, 8, 16), (2, 8, 5), (2, 8, 5, 7))
+    >>> bool(probs[0, 0, 0, 3:].any())  # query 0 sits at key position 0 + 7 - 5 = 2
+    False
+    """
+    _check_dropout(dropout_p)
+    q = _array(q, "q", 4)
+    k = _array(k, "k", 4)
+    v = _array(v, "v", 4)
+    B, L, H, D = q.shape
+    S, Hkv = k.shape[1], k.shape[2]
+    if k.shape[0] != B or v.shape[0] != B:
+        raise ValueError(f"q, k and v must have the same batch size, got {B}, {k.shape[0]}, "
+                         f"{v.shape[0]}")
+    if k.shape[3] != D:
+        raise ValueError(f"k's head dimension must be q's ({D}), got k of shape {k.shape}")
+    if v.shape[1:3] != (S, Hkv):
+        raise ValueError(f"v must have k's sequence length and heads {(S, Hkv)}, got v of "
+                         f"shape {v.shape}")
+    _check_heads(H, Hkv)
+    Dv = v.shape[3]
+    kw = _core_options(_bool(causal, "causal"), _check_window(window_size),
+                       _check_scale(softmax_scale), _check_softcap(softcap),
+                       _check_alibi(alibi_slopes, B, H))
+    _bool(deterministic, "deterministic")
+    return_attn_probs = _bool(return_attn_probs, "return_attn_probs")
+    out = _check_out(out, (B, L, H, Dv), [("q", q), ("k", k), ("v", v)])
+    o = _core_out(out, B, L, H, Dv)
+    o, lse = fastattn.scaled_dot_product_attention(
+        _bhld(q), _bhld(k), _bhld(v), enable_gqa=True, return_lse=True, out=o, **kw)
+    o = _token_major(o, out)
+    if not return_attn_probs:
+        return o
+    probs = fastattn.attention_weights(_bhld(q), _bhld(k), enable_gqa=True, **kw)
+    return o, lse, probs
+
+
+# ----------------------------------------------------------------------------
+# flash_attn_varlen_func
+
+
+def _check_cu_seqlens(cu, name, total):
+    cu = _index_array(cu, name)
+    if cu.ndim != 1 or cu.size < 1:
+        raise ValueError(f"{name} must be a 1-d array of batch_size + 1 offsets, got shape "
+                         f"{cu.shape}")
+    if cu[0] != 0 or (np.diff(cu) < 0).any() or cu[-1] != total:
+        raise ValueError(f"{name} must start at 0, not decrease and end at {total} (the "
+                         f"number of tokens), got {cu.tolist()}")
+    return cu
+
+
+def _check_block_table(block_table, B, num_blocks, lengths_end, block_size, name_lengths):
+    """block_table (B, max_blocks) of ints; the entries that cover positions
+    [0, lengths_end[b]) must index the cache's blocks."""
+    table = _index_array(block_table, "block_table")
+    if table.ndim != 2 or table.shape[0] != B:
+        raise ValueError(f"block_table must have shape (batch_size, max_num_blocks_per_seq) "
+                         f"with batch_size {B}, got {table.shape}")
+    capacity = table.shape[1] * block_size
+    if B and int(lengths_end.max(initial=0)) > capacity:
+        b = int(np.argmax(lengths_end))
+        raise ValueError(f"{name_lengths} of batch {b} (= {int(lengths_end[b])}) exceeds what "
+                         f"block_table addresses: {table.shape[1]} blocks of {block_size} = "
+                         f"{capacity} positions")
+    used = np.arange(table.shape[1]) < -(-lengths_end[:, None] // block_size)
+    bad = used & ((table < 0) | (table >= num_blocks))
+    if bad.any():
+        b, j = (int(i[0]) for i in np.nonzero(bad))
+        raise ValueError(f"block_table[{b}, {j}] = {int(table[b, j])} points outside the "
+                         f"cache's {num_blocks} blocks")
+    return table
+
+
+def _gather_pages(cache, table_row, start, end):
+    """Positions [start, end) of one sequence of a paged cache, as (end - start,
+    Hkv, D): whole blocks are gathered (a copy), then sliced."""
+    bs = cache.shape[1]
+    b0, b1 = start // bs, -(-end // bs)
+    if b1 <= b0:
+        return cache[:0].reshape((0,) + cache.shape[2:])
+    pages = cache[table_row[b0:b1]].reshape((-1,) + cache.shape[2:])
+    return pages[start - b0 * bs:end - b0 * bs]
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                           softcap=0.0, alibi_slopes=None, deterministic=False,
+                           return_attn_probs=False, block_table=None, *, out=None):
+    """FlashAttention's ``flash_attn_varlen_func``: packed variable-length batches.
+
+    Parameters
+    ----------
+    q : array_like, shape (total_q, H, D), real floating dtype
+        The queries of all sequences, one after the other.
+    k : array_like, shape (total_k, Hkv, D), real floating dtype
+        The keys; with `block_table`, a paged cache (num_blocks, block_size, Hkv, D).
+    v : array_like, shape (total_k, Hkv, Dv), real floating dtype
+        The values, laid out as `k`.
+    cu_seqlens_q : array_like of int, shape (B + 1,)
+        Offsets: sequence ``b`` is ``q[cu_seqlens_q[b]:cu_seqlens_q[b + 1]]``.
+        Starts at 0, does not decrease, ends at total_q.
+    cu_seqlens_k : array_like of int, shape (B + 1,)
+        The same for k and v (ends at total_k). With `block_table`, sequence
+        ``b`` has ``cu_seqlens_k[b + 1] - cu_seqlens_k[b]`` keys, stored in the
+        blocks ``block_table[b]``.
+    max_seqlen_q, max_seqlen_k : int
+        At least the longest query (key) sequence, else ValueError (FlashAttention
+        sizes its grid from them). They set the shape of the returned
+        probabilities.
+    dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic
+        As in :func:`flash_attn_func`, per sequence: query ``i`` of sequence
+        ``b`` sits at key position ``i + S_b - L_b``.
+    return_attn_probs : bool, default False
+        Also return ``softmax_lse`` and the attention probabilities.
+    block_table : array_like of int, shape (B, max_num_blocks_per_seq), optional
+        Paged keys and values: position ``p`` of sequence ``b`` is row ``p %
+        block_size`` of block ``block_table[b, p // block_size]``.
+    out : ndarray, optional
+        fastattn extension: a float32 (total_q, H, Dv) array receiving the output.
+
+    Returns
+    -------
+    out : ndarray, float32, shape (total_q, H, Dv)
+    softmax_lse : ndarray, float32, shape (H, total_q)
+        Only with `return_attn_probs`; FlashAttention's unpadded layout (heads
+        first). :func:`fastattn.varlen_attention` gives it as (total_q, H).
+    attn_probs : ndarray, float32, shape (B, H, max_seqlen_q, max_seqlen_k)
+        Only with `return_attn_probs`: sequence ``b``'s weights in the top-left
+        ``(L_b, S_b)`` corner, zeros elsewhere.
+
+    Raises
+    ------
+    TypeError
+        As :func:`flash_attn_func`; also if the offsets or `block_table` are not
+        integers.
+    ValueError
+        As :func:`flash_attn_func`; also if the offsets are not as described,
+        a `max_seqlen` is smaller than a sequence, or `block_table` has the
+        wrong shape, addresses fewer positions than a sequence needs or points
+        outside the cache.
+
+    Notes
+    -----
+    Each sequence's rows are those of :func:`flash_attn_func` on that sequence
+    alone. The work is ``sum_b L_b S_b``, not that of the padded batch. A paged
+    ``k``/``v`` is gathered (copied) per call.
+
+    Examples
+    --------
+    Two sequences of 3 and 2 tokens packed together:
+
+    >>> import numpy as np
+    >>> from fastattn.flash_attn import flash_attn_varlen_func, flash_attn_func
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = (rng.standard_normal((5, 4, 8), dtype=np.float32) for _ in range(3))
+    >>> cu = np.array([0, 3, 5], np.int32)
+    >>> out, lse, _ = flash_attn_varlen_func(q, k, v, cu, cu, 3, 3, causal=True,
+    ...                                      return_attn_probs=True)
+    >>> out.shape, lse.shape
+    ((5, 4, 8), (4, 5))
+    >>> alone = flash_attn_func(q[None, 3:], k[None, 3:], v[None, 3:], causal=True)
+    >>> bool(np.array_equal(out[3:], alone[0]))
+    True
+    """
+    _check_dropout(dropout_p)
+    q = _array(q, "q", 3)
+    paged = block_table is not None
+    k = _array(k, "k", 4 if paged else 3)
+    v = _array(v, "v", 4 if paged else 3)
+    total_q, H, D = q.shape
+    Hkv = k.shape[-2]
+    if k.shape[-1] != D:
+        raise ValueError(f"k's head dimension must be q's ({D}), got k of shape {k.shape}")
+    if v.shape[:-1] != k.shape[:-1]:
+        raise ValueError(f"v must have k's shape but for the last axis {k.shape[:-1]}, got v of "
+                         f"shape {v.shape}")
+    _check_heads(H, Hkv)
+    Dv = v.shape[-1]
+    cu_q = _check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", total_q)
+    B = cu_q.size - 1
+    if paged:
+        cu_k = _index_array(cu_seqlens_k, "cu_seqlens_k")
+        if cu_k.shape != (B + 1,) or cu_k[0] != 0 or (np.diff(cu_k) < 0).any():
+            raise ValueError(f"cu_seqlens_k must be {B + 1} offsets starting at 0 and not "
+                             f"decreasing, got {cu_k.tolist()}")
+    else:
+        cu_k = _check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", k.shape[0])
+        if cu_k.size != B + 1:
+            raise ValueError(f"cu_seqlens_k must have the length of cu_seqlens_q ({B + 1}), "
+                             f"got {cu_k.size}")
+    len_q, len_k = np.diff(cu_q), np.diff(cu_k)
+    for name, value, lengths in (("max_seqlen_q", max_seqlen_q, len_q),
+                                 ("max_seqlen_k", max_seqlen_k, len_k)):
+        value = _int(value, name)
+        if B and value < lengths.max():
+            raise ValueError(f"{name} ({value}) is smaller than the longest sequence "
+                             f"({int(lengths.max())})")
+    max_seqlen_q, max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
+    causal = _bool(causal, "causal")
+    window = _check_window(window_size)
+    scale, cap = _check_scale(softmax_scale), _check_softcap(softcap)
+    alibi = _check_alibi(alibi_slopes, B, H)
+    _bool(deterministic, "deterministic")
+    return_attn_probs = _bool(return_attn_probs, "return_attn_probs")
+    if paged:
+        table = _check_block_table(block_table, B, k.shape[0], len_k, k.shape[1], "cu_seqlens_k")
+        k = np.concatenate([_gather_pages(k, table[b], 0, len_k[b]) for b in range(B)]
+                           or [k[:0, 0]])
+        v = np.concatenate([_gather_pages(v, table[b], 0, len_k[b]) for b in range(B)]
+                           or [v[:0, 0]])
+        cu_k = np.concatenate([[0], np.cumsum(len_k)])
+    out = _check_out(out, (total_q, H, Dv), [("q", q), ("k", k), ("v", v)])
+    o = out if out is not None else np.empty((total_q, H, Dv), np.float32)
+    lse = np.empty((H, total_q), np.float32)
+    probs = np.zeros((B, H, max_seqlen_q, max_seqlen_k), np.float32) if return_attn_probs else None
+    for b in range(B):
+        q0, q1, k0, k1 = cu_q[b], cu_q[b + 1], cu_k[b], cu_k[b + 1]
+        kw = _core_options(causal, window, scale, cap, None if alibi is None
+                           else alibi if alibi.ndim == 1 else alibi[b])
+        qb, kb, vb = _bhld(q[q0:q1]), _bhld(k[k0:k1]), _bhld(v[k0:k1])
+        ob, lse[:, q0:q1] = fastattn.scaled_dot_product_attention(
+            qb, kb, vb, enable_gqa=True, return_lse=True, **kw)
+        o[q0:q1] = ob.swapaxes(0, 1)
+        if return_attn_probs:
+            probs[b, :, :q1 - q0, :k1 - k0] = fastattn.attention_weights(
+                qb, kb, enable_gqa=True, **kw)
+    return (o, lse, probs) if return_attn_probs else o
+
+
+# ----------------------------------------------------------------------------
+# flash_attn_with_kvcache
+
+
+def _rotate(x, cos, sin, pos, interleaved):
+    """Rotary embedding of the first ``2 * cos.shape[1]`` features of x (B, T, H,
+    D), token t of batch b at position pos[b, t]; a new float32 array."""
+    half = cos.shape[1]
+    rd = 2 * half
+    out = np.array(x, dtype=np.float32, copy=True)
+    c = cos[pos][:, :, None, :]  # (B, T, 1, rd / 2)
+    s = sin[pos][:, :, None, :]
+    if interleaved:  # pairs (0, 1), (2, 3), ... (GPT-J)
+        x1, x2 = out[..., 0:rd:2].copy(), out[..., 1:rd:2].copy()
+        out[..., 0:rd:2] = x1 * c - x2 * s
+        out[..., 1:rd:2] = x1 * s + x2 * c
+    else:  # pairs (i, i + rd / 2) (GPT-NeoX)
+        x1, x2 = out[..., :half].copy(), out[..., half:rd].copy()
+        out[..., :half] = x1 * c - x2 * s
+        out[..., half:rd] = x1 * s + x2 * c
+    return out
+
+
+def _arith_rows(rows):
+    """A basic slice selecting `rows` of the cache when they are an increasing
+    arithmetic progression (a view), else None."""
+    if rows.size == 1:
+        return slice(int(rows[0]), int(rows[0]) + 1)
+    step = int(rows[1] - rows[0])
+    if step >= 1 and (np.diff(rows) == step).all():
+        return slice(int(rows[0]), int(rows[-1]) + 1, step)
+    return None
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
+                            rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
+                            cache_leftpad=None, block_table=None, softmax_scale=None,
+                            causal=False, window_size=(-1, -1), softcap=0.0,
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0,
+                            return_softmax_lse=False, *, out=None):
+    """FlashAttention's ``flash_attn_with_kvcache``: attention over a KV cache, for decoding.
+
+    If `k` and `v` are given they are first written into `k_cache` and
+    `v_cache` *in place* at positions ``cache_seqlens[b]``,
+    ``cache_seqlens[b] + 1``, ...; then q attends to the cache's keys
+    ``cache_leftpad[b] <= j < cache_seqlens[b] + k.shape[1]``, as one step of
+    incremental decoding.
+
+    Parameters
+    ----------
+    q : array_like, shape (B, L, H, D), real floating dtype
+        The new queries.
+    k_cache : ndarray, shape (B_cache, S_max, Hkv, D), real floating dtype
+        The key cache; with `block_table`, paged: (num_blocks, block_size,
+        Hkv, D). Read in place; must be writeable when `k` is given. float16
+        and bfloat16 caches are read as stored when the core reads them
+        (see :func:`fastattn.scaled_dot_product_attention`).
+    v_cache : ndarray, shape (B_cache, S_max, Hkv, Dv), real floating dtype
+        The value cache, laid out as `k_cache`.
+    k : array_like, shape (B, L_new, Hkv, D), optional
+        New keys appended into `k_cache` (after the rotary embedding, when
+        given), cast to the cache's dtype. Needs `v` and `cache_seqlens`.
+    v : array_like, shape (B, L_new, Hkv, Dv), optional
+        New values appended into `v_cache`.
+    rotary_cos, rotary_sin : array_like, shape (seqlen_ro, rotary_dim / 2), optional
+        Rotary embedding tables (both or neither; only with `k`): the first
+        ``rotary_dim`` features of k are rotated at positions
+        ``cache_seqlens[b] + t``; those of q at ``cache_seqlens[b] + i`` when
+        `causal` or a window is on, else all rows of q at ``cache_seqlens[b]``.
+        ``seqlen_ro`` must cover every position used.
+    cache_seqlens : int or array_like of int, shape (B,), optional
+        The number of positions of each sequence's cache already filled (the
+        index where `k` is written). Default: the whole cache (``S_max``, or
+        ``max_num_blocks_per_seq * block_size`` when paged).
+    cache_batch_idx : array_like of int, shape (B,), optional
+        Row of the cache that batch item ``b`` uses; default ``b`` (then
+        ``B_cache`` must equal ``B``). Not with `block_table`. With repeated
+        rows and `k`, which item's keys the row keeps is not specified.
+    cache_leftpad : array_like of int, shape (B,), optional
+        The first valid position of each sequence's cache (left padding);
+        ``0 <= cache_leftpad[b] <= cache_seqlens[b]``. Default 0.
+    block_table : array_like of int, shape (B, max_num_blocks_per_seq), optional
+        Paged cache: position ``p`` of sequence ``b`` is row ``p % block_size``
+        of block ``block_table[b, p // block_size]``. Any block size >= 1
+        (FlashAttention needs a multiple of 256).
+    softmax_scale, causal, window_size, softcap, alibi_slopes
+        As in :func:`flash_attn_func`, per sequence over its valid keys:
+        query ``i`` sits at key position ``i + S_b - L`` where ``S_b =
+        cache_seqlens[b] + L_new - cache_leftpad[b]`` counts from the left pad.
+    rotary_interleaved : bool, default True
+        True: rotate feature pairs (0, 1), (2, 3), ... (GPT-J); False: pairs
+        ``(i, i + rotary_dim / 2)`` (GPT-NeoX, Llama).
+    num_splits : int, default 0
+        Accepted for compatibility (FlashAttention's split-KV heuristic); the
+        core splits long caches over threads itself.
+    return_softmax_lse : bool, default False
+        Also return ``softmax_lse``.
+    out : ndarray, optional
+        fastattn extension: a float32 (B, L, H, Dv) array receiving the output.
+
+    Returns
+    -------
+    out : ndarray, float32, shape (B, L, H, Dv)
+    softmax_lse : ndarray, float32, shape (B, H, L)
+        Only with `return_softmax_lse`: ``log(sum_j exp(s_ij))`` over the
+        allowed keys; -inf for a row with no allowed key.
+
+    Raises
+    ------
+    TypeError
+        If an array has the wrong kind of dtype (indices must be integers), a
+        flag is not a bool, `k_cache`/`v_cache` are not NumPy arrays while `k`
+        is given, or `out` is not a float32 array.
+    ValueError
+        Before the cache is touched: if shapes disagree (batch, heads, D,
+        rotary tables), only one of `k`/`v` or of `rotary_cos`/`rotary_sin` is
+        given, `k` comes without `cache_seqlens`, rotary tables come without
+        `k`, ``cache_seqlens[b] + L_new`` exceeds the cache (or what
+        `block_table` addresses), `cache_leftpad` is outside ``[0,
+        cache_seqlens]``, `cache_batch_idx` or `block_table` point outside the
+        cache, `cache_batch_idx` is given with `block_table`, the rotary tables
+        do not cover the positions used, the cache is read-only while `k` is
+        given, and as :func:`flash_attn_func`.
+
+    Notes
+    -----
+    Behaviour matched, from FlashAttention 2.x's docstring, its
+    ``test_flash_attn_kvcache`` and its kernel: `cache_seqlens` and the
+    rotary positions are absolute cache positions (left padding included);
+    the causal and window alignment count from the left pad; causal or any
+    window (a side below the cache length) makes q's rotary positions per
+    row, else all of q's rows share position ``cache_seqlens[b]``; a row with
+    no allowed key outputs 0 (its lse is -inf). fastattn extensions, each
+    checked: `cache_leftpad` also works with a paged cache, rotary_dim need
+    only be even, and any block size is accepted.
+
+    The cache is read in place when every sequence uses the same key range
+    and the rows form a regular slice (a single call); otherwise one call per
+    sequence. A paged cache is gathered (copied) per call.
+
+    Examples
+    --------
+    One decoding step: two sequences whose caches hold 3 and 5 tokens get one
+    new token each, appended in place.
+
+    >>> import numpy as np
+    >>> from fastattn.flash_attn import flash_attn_with_kvcache
+    >>> rng = np.random.default_rng(0)
+    >>> k_cache = np.zeros((2, 8, 2, 16), np.float32)  # (B, S_max, Hkv, D)
+    >>> v_cache = np.zeros((2, 8, 2, 16), np.float32)
+    >>> q = rng.standard_normal((2, 1, 4, 16), dtype=np.float32)
+    >>> k, v = (rng.standard_normal((2, 1, 2, 16), dtype=np.float32) for _ in range(2))
+    >>> seqlens = np.array([3, 5], np.int32)
+    >>> out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens,
+    ...                                    causal=True, return_softmax_lse=True)
+    >>> out.shape, lse.shape
+    ((2, 1, 4, 16), (2, 4, 1))
+    >>> bool(np.array_equal(k_cache[1, 5], k[1, 0])), bool(k_cache[1, 6].any())
+    (True, False)
+    """
+    q = _array(q, "q", 4)
+    B, L, H, D = q.shape
+    new_kv = k is not None or v is not None
+    if (k is None) != (v is None):
+        raise ValueError("k and v must be given together (the new keys and values)")
+    k_cache = _array(k_cache, "k_cache", 4, writeable=new_kv)
+    v_cache = _array(v_cache, "v_cache", 4, writeable=new_kv)
+    paged = block_table is not None
+    Hkv = k_cache.shape[2]
+    if k_cache.shape[3] != D:
+        raise ValueError(f"k_cache's head dimension must be q's ({D}), got k_cache of shape "
+                         f"{k_cache.shape}")
+    if v_cache.shape[:3] != k_cache.shape[:3]:
+        raise ValueError(f"v_cache must have k_cache's shape but for the last axis "
+                         f"{k_cache.shape[:3]}, got {v_cache.shape}")
+    _check_heads(H, Hkv, "k_cache")
+    Dv = v_cache.shape[3]
+    if new_kv:
+        k = _array(k, "k", 4)
+        v = _array(v, "v", 4)
+        L_new = k.shape[1]
+        if k.shape != (B, L_new, Hkv, D):
+            raise ValueError(f"k must have shape (batch_size, seqlen_new, nheads_k, headdim) = "
+                             f"({B}, seqlen_new, {Hkv}, {D}), got {k.shape}")
+        if v.shape != (B, L_new, Hkv, Dv):
+            raise ValueError(f"v must have shape {(B, L_new, Hkv, Dv)} (as k, with v_cache's "
+                             f"head dimension), got {v.shape}")
+        if cache_seqlens is None:
+            raise ValueError("cache_seqlens is needed with k and v: where to append them")
+    else:
+        L_new = 0
+
+    # Where each sequence lives.
+    if paged:
+        if cache_batch_idx is not None:
+            raise ValueError("cache_batch_idx cannot be used with block_table (a paged cache "
+                             "is addressed through block_table)")
+        block_size = k_cache.shape[1]
+        table = _index_array(block_table, "block_table")
+        if table.ndim != 2 or table.shape[0] != B:
+            raise ValueError(f"block_table must have shape (batch_size, max_num_blocks_per_seq) "
+                             f"with batch_size {B}, got {table.shape}")
+        capacity = table.shape[1] * block_size
+        rows = None
+    else:
+        capacity = k_cache.shape[1]
+        if cache_batch_idx is None:
+            if k_cache.shape[0] != B:
+                raise ValueError(f"k_cache must hold one sequence per batch item ({B}), got "
+                                 f"{k_cache.shape[0]}; pass cache_batch_idx to pick rows")
+            rows = np.arange(B)
+        else:
+            rows = _index_array(cache_batch_idx, "cache_batch_idx", (B,))
+            if ((rows < 0) | (rows >= k_cache.shape[0])).any():
+                raise ValueError(f"cache_batch_idx must index k_cache's {k_cache.shape[0]} rows, "
+                                 f"got {rows.tolist()}")
+    if cache_seqlens is None:
+        seqlens = np.full(B, capacity, np.int64)
+    elif isinstance(cache_seqlens, (numbers.Integral, np.integer)) and not isinstance(
+            cache_seqlens, (bool, np.bool_)):
+        seqlens = np.full(B, int(cache_seqlens), np.int64)
+    else:
+        seqlens = _index_array(cache_seqlens, "cache_seqlens", (B,))
+    end = seqlens + L_new
+    if B and ((seqlens < 0).any() or end.max() > capacity):
+        b = int(np.argmax((seqlens < 0) | (end > capacity)))
+        where = ("block_table addresses" if paged else "k_cache has (k_cache.shape[1])")
+        raise ValueError(f"cache_seqlens[{b}] = {int(seqlens[b])}"
+                         + (f" plus seqlen_new = {L_new}" if L_new else "")
+                         + f" must lie in [0, {capacity}]: the positions {where}")
+    if cache_leftpad is None:
+        start = np.zeros(B, np.int64)
+    else:
+        start = _index_array(cache_leftpad, "cache_leftpad", (B,))
+        if ((start < 0) | (start > seqlens)).any():
+            raise ValueError(f"cache_leftpad must lie in [0, cache_seqlens] for each sequence, "
+                             f"got {start.tolist()} with cache_seqlens {seqlens.tolist()}")
+    if paged:
+        table = _check_block_table(table, B, k_cache.shape[0], end, block_size, "cache_seqlens")
+
+    causal = _bool(causal, "causal")
+    window = _check_window(window_size)
+    scale, cap = _check_scale(softmax_scale), _check_softcap(softcap)
+    alibi = _check_alibi(alibi_slopes, B, H)
+    rotary_interleaved = _bool(rotary_interleaved, "rotary_interleaved")
+    _int(num_splits, "num_splits")
+    return_softmax_lse = _bool(return_softmax_lse, "return_softmax_lse")
+
+    # Rotary embedding of q and the new k.
+    if (rotary_cos is None) != (rotary_sin is None):
+        raise ValueError("rotary_cos and rotary_sin must be given together")
+    if rotary_cos is not None:
+        if not new_kv:
+            raise ValueError("rotary_cos and rotary_sin need k and v (the rotary embedding is "
+                             "applied to the new keys and the queries)")
+        cos = _array(rotary_cos, "rotary_cos", 2).astype(np.float32)
+        sin = _array(rotary_sin, "rotary_sin", 2).astype(np.float32)
+        if sin.shape != cos.shape:
+            raise ValueError(f"rotary_sin must have rotary_cos's shape {cos.shape}, got "
+                             f"{sin.shape}")
+        if not 1 <= 2 * cos.shape[1] <= D:
+            raise ValueError(f"rotary_cos must have shape (seqlen_ro, rotary_dim / 2) with "
+                             f"1 <= rotary_dim <= headdim = {D}, got {cos.shape}")
+        # FlashAttention: "local" is a window side below the cache length.
+        local = any(side is not None and side < capacity for side in window)
+        q_pos = seqlens[:, None] + (np.arange(L) if causal or local else np.zeros(L, np.int64))
+        k_pos = seqlens[:, None] + np.arange(L_new)
+        need = int(max(q_pos.max(initial=-1), k_pos.max(initial=-1))) + 1
+        if need > cos.shape[0]:
+            raise ValueError(f"rotary_cos and rotary_sin have {cos.shape[0]} positions, the "
+                             f"rotary embedding needs {need}")
+        q = _rotate(q, cos, sin, q_pos, rotary_interleaved)
+        k = _rotate(k, cos, sin, k_pos, rotary_interleaved)
+
+    out = _check_out(out, (B, L, H, Dv), [("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
+                                          ("k", k), ("v", v)])
+
+    # Append k and v into the cache, in place (everything has been checked).
+    if new_kv and L_new and B:
+        pos = seqlens[:, None] + np.arange(L_new)  # (B, L_new)
+        if paged:
+            blocks = np.take_along_axis(table, pos // block_size, axis=1)
+            k_cache[blocks, pos % block_size] = k
+            v_cache[blocks, pos % block_size] = v
+        else:
+            k_cache[rows[:, None], pos] = k
+            v_cache[rows[:, None], pos] = v
+
+    # Attention over each sequence's keys [start, end).
+    lse = np.empty((B, H, L), np.float32)
+    o = _core_out(out, B, L, H, Dv)
+    uniform = B > 0 and (start == start[0]).all() and (end == end[0]).all()
+    if uniform and not paged and _arith_rows(rows) is not None:
+        sl, s0, s1 = _arith_rows(rows), int(start[0]), int(end[0])
+        o, lse = fastattn.scaled_dot_product_attention(
+            _bhld(q), _bhld(k_cache[sl, s0:s1]), _bhld(v_cache[sl, s0:s1]), enable_gqa=True,
+            return_lse=True, out=o, **_core_options(causal, window, scale, cap, alibi))
+    else:
+        for b in range(B):
+            if paged:
+                kb = _gather_pages(k_cache, table[b], int(start[b]), int(end[b]))
+                vb = _gather_pages(v_cache, table[b], int(start[b]), int(end[b]))
+            else:
+                kb = k_cache[rows[b], start[b]:end[b]]
+                vb = v_cache[rows[b], start[b]:end[b]]
+            slopes = None if alibi is None else alibi if alibi.ndim == 1 else alibi[b]
+            kw = _core_options(causal, window, scale, cap, slopes)
+            _, lse[b] = fastattn.scaled_dot_product_attention(
+                _bhld(q[b]), _bhld(kb), _bhld(vb), enable_gqa=True, return_lse=True,
+                out=o[b], **kw)
+    o = _token_major(o, out)
+    return (o, lse) if return_softmax_lse else o

@@ -1,0 +1,605 @@
+"""fastattn.flash_attn: FlashAttention's Python API on the CPU.
+
+Two oracles: the core API (fastattn.scaled_dot_product_attention on the
+(B, H, L, D) views, bitwise) and an independent float64 NumPy model of
+FlashAttention's conventions written here, after the formulation of
+FlashAttention's own tests: the whole cache with a key-padding mask, key
+columns counted from the left pad, bottom-right alignment from the number of
+valid keys, -1 for an unbounded window side, and the rotary embedding as a
+complex rotation.
+"""
+import doctest
+import inspect
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import fastattn
+import fastattn.flash_attn as fa
+from fastattn.flash_attn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
+
+TOL = dict(rtol=2e-5, atol=2e-5)
+HAS_SOFTCAP_ALIBI = {"softcap", "alibi_slopes"} <= set(
+    inspect.signature(fastattn.scaled_dot_product_attention).parameters)
+needs_softcap_alibi = pytest.mark.skipif(not HAS_SOFTCAP_ALIBI,
+                                         reason="the core has no softcap/alibi_slopes yet")
+
+
+# ----------------------------------------------------------------------------
+# The independent model of FlashAttention's conventions (float64)
+
+
+def model(q, k, v, *, causal=False, window_size=(-1, -1), softmax_scale=None, softcap=0.0,
+          alibi_slopes=None, key_valid=None, leftpad=None):
+    """q (B, L, H, D), k (B, S, Hkv, D), v (B, S, Hkv, Dv) -> out (B, L, H, Dv),
+    lse (B, H, L), probs (B, H, L, S). key_valid (B, S) marks the valid keys;
+    leftpad (B,) shifts the key columns (FlashAttention's test's construct_local_mask)."""
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    B, L, H, D = q.shape
+    S = k.shape[1]
+    g = H // k.shape[2]
+    k, v = np.repeat(k, g, axis=2), np.repeat(v, g, axis=2)
+    scale = 1 / np.sqrt(D) if softmax_scale is None else softmax_scale
+    s = np.einsum("blhd,bshd->bhls", q, k) * scale
+    if softcap > 0:
+        s = softcap * np.tanh(s / softcap)
+    valid = np.ones((B, S), bool) if key_valid is None else np.asarray(key_valid, bool)
+    lp = np.zeros(B, np.int64) if leftpad is None else np.asarray(leftpad, np.int64)
+    col = np.arange(S)[None, :] - lp[:, None]                # (B, S) key positions
+    sk = valid.sum(-1)                                       # valid keys per sequence
+    pos = np.arange(L)[None, :] + sk[:, None] - L            # (B, L) query positions
+    left, right = window_size
+    if causal:
+        right = 0
+    allowed = np.broadcast_to(valid[:, None, :], (B, L, S)).copy()
+    if left >= 0:
+        allowed &= col[:, None, :] >= pos[:, :, None] - left
+    if right >= 0:
+        allowed &= col[:, None, :] <= pos[:, :, None] + right
+    if alibi_slopes is not None:
+        slopes = np.asarray(alibi_slopes, np.float64)
+        slopes = slopes[None, :, None, None] if slopes.ndim == 1 else slopes[:, :, None, None]
+        s = s - slopes * np.abs(pos[:, None, :, None] - col[:, None, None, :])
+    allowed = allowed[:, None]                               # (B, 1, L, S)
+    s = np.where(allowed, s, -np.inf)
+    m = s.max(-1, keepdims=True, initial=-np.inf)
+    e = np.where(allowed, np.exp(s - np.where(np.isfinite(m), m, 0)), 0.0)
+    z = e.sum(-1)
+    with np.errstate(divide="ignore"):
+        lse = np.log(z) + np.where(np.isfinite(m[..., 0]), m[..., 0], 0)
+    w = e / np.where(z > 0, z, 1)[..., None]
+    return np.einsum("bhls,bshd->blhd", w, v), lse, w
+
+
+def rope_model(x, cos, sin, positions, interleaved):
+    """Rotary embedding as complex multiplication: feature pairs (x_a, x_b) form
+    x_a + i x_b, turned by angle theta with cos(theta), sin(theta) from the tables."""
+    x = np.asarray(x, np.float64).copy()
+    half = cos.shape[1]
+    rot = (cos[positions] + 1j * sin[positions])[:, :, None, :]   # (B, T, 1, half)
+    if interleaved:
+        a, b = slice(0, 2 * half, 2), slice(1, 2 * half, 2)
+    else:
+        a, b = slice(0, half), slice(half, 2 * half)
+    z = (x[..., a] + 1j * x[..., b]) * rot
+    x[..., a], x[..., b] = z.real, z.imag
+    return x
+
+
+def randn(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+# ----------------------------------------------------------------------------
+# flash_attn_func
+
+SHAPES = [  # B, L, S, H, Hkv, D, Dv
+    (2, 5, 7, 4, 2, 16, 16),
+    (1, 7, 5, 6, 3, 13, 9),      # L > S: bottom-right causal leaves empty rows
+    (2, 1, 33, 8, 1, 32, 32),    # decoding, multi-query
+    (1, 40, 40, 2, 2, 64, 8),
+]
+WINDOWS = [(-1, -1), (3, -1), (-1, 1), (2, 0), (0, 0), (5, 2), (-7, -2)]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("window_size", WINDOWS)
+def test_func_matches_model(shape, causal, window_size):
+    B, L, S, H, Hkv, D, Dv = shape
+    rng = np.random.default_rng(1)
+    q, k, v = randn(rng, B, L, H, D), randn(rng, B, S, Hkv, D), randn(rng, B, S, Hkv, Dv)
+    o, lse, probs = flash_attn_func(q, k, v, causal=causal, window_size=window_size,
+                                    return_attn_probs=True)
+    mo, mlse, mw = model(q, k, v, causal=causal, window_size=window_size)
+    assert o.dtype == lse.dtype == probs.dtype == np.float32
+    assert o.shape == (B, L, H, Dv) and lse.shape == (B, H, L) and probs.shape == (B, H, L, S)
+    assert o.flags.c_contiguous
+    np.testing.assert_allclose(o, mo, **TOL)
+    np.testing.assert_allclose(probs, mw, **TOL)
+    np.testing.assert_allclose(lse, mlse, **TOL)  # -inf where a row has no key
+
+
+def test_func_bitwise_core():
+    rng = np.random.default_rng(2)
+    q, k, v = randn(rng, 2, 9, 8, 24), randn(rng, 2, 12, 2, 24), randn(rng, 2, 12, 2, 24)
+    o, lse, _ = flash_attn_func(q, k, v, softmax_scale=0.3, causal=True, window_size=(4, -1),
+                                return_attn_probs=True)
+    t = lambda x: np.ascontiguousarray(x.swapaxes(1, 2))  # noqa: E731
+    co, clse = fastattn.scaled_dot_product_attention(t(q), t(k), t(v), enable_gqa=True,
+                                                     is_causal=True, window=(4, None),
+                                                     scale=0.3, return_lse=True)
+    assert np.array_equal(o, co.swapaxes(1, 2)) and np.array_equal(lse, clse)
+
+
+def test_func_causal_bottom_right_rows():
+    """FlashAttention's docstring example: L=2, S=5 sees keys [0..3] and [0..4];
+    L=5, S=2 leaves the first three rows empty (output 0)."""
+    rng = np.random.default_rng(3)
+    q, k, v = randn(rng, 1, 2, 1, 4), randn(rng, 1, 5, 1, 4), randn(rng, 1, 5, 1, 4)
+    _, _, p = flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    assert ((p[0, 0] > 0) == np.array([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], bool)).all()
+    q = randn(rng, 1, 5, 1, 4)
+    o, lse, p = flash_attn_func(q, k[:, :2], v[:, :2], causal=True, return_attn_probs=True)
+    assert ((p[0, 0] > 0) == np.array([[0, 0], [0, 0], [0, 0], [1, 0], [1, 1]], bool)).all()
+    assert not o[0, :3].any() and np.isneginf(lse[0, 0, :3]).all()
+
+
+def test_func_out_and_inputs_untouched():
+    rng = np.random.default_rng(4)
+    q, k, v = randn(rng, 2, 3, 4, 8), randn(rng, 2, 6, 4, 8), randn(rng, 2, 6, 4, 8)
+    copies = [a.copy() for a in (q, k, v)]
+    out = np.full((2, 3, 4, 8), np.nan, np.float32)
+    assert flash_attn_func(q, k, v, out=out) is out
+    assert np.array_equal(out, flash_attn_func(q, k, v))
+    out1 = np.empty((2, 1, 4, 8), np.float32)  # L == 1: the core writes into out directly
+    assert flash_attn_func(q[:, :1], k, v, out=out1) is out1
+    assert np.array_equal(out1, flash_attn_func(q[:, :1], k, v))
+    assert all(np.array_equal(a, c) for a, c in zip((q, k, v), copies))
+
+
+def test_func_float64_and_float16_inputs():
+    rng = np.random.default_rng(5)
+    q, k, v = randn(rng, 1, 4, 2, 8), randn(rng, 1, 4, 2, 8), randn(rng, 1, 4, 2, 8)
+    ref = flash_attn_func(q, k, v)
+    assert np.array_equal(flash_attn_func(q.astype(np.float64), k, v), ref)
+    o16 = flash_attn_func(q.astype(np.float16), k.astype(np.float16), v.astype(np.float16))
+    assert o16.dtype == np.float32
+    np.testing.assert_allclose(o16, model(q.astype(np.float16), k.astype(np.float16),
+                                          v.astype(np.float16))[0], **TOL)
+
+
+@needs_softcap_alibi
+@pytest.mark.parametrize("causal", [False, True])
+def test_func_softcap_alibi(causal):
+    rng = np.random.default_rng(6)
+    q, k, v = randn(rng, 2, 6, 4, 16) * 3, randn(rng, 2, 9, 2, 16) * 3, randn(rng, 2, 9, 2, 16)
+    for slopes in (rng.random(4) * 0.5, rng.random((2, 4)) * 0.5):
+        o, lse, p = flash_attn_func(q, k, v, causal=causal, softcap=2.5, alibi_slopes=slopes,
+                                    window_size=(5, -1), return_attn_probs=True)
+        mo, mlse, mw = model(q, k, v, causal=causal, softcap=2.5, alibi_slopes=slopes,
+                             window_size=(5, -1))
+        np.testing.assert_allclose(o, mo, **TOL)
+        np.testing.assert_allclose(lse, mlse, **TOL)
+        np.testing.assert_allclose(p, mw, **TOL)
+
+
+# ----------------------------------------------------------------------------
+# flash_attn_varlen_func
+
+
+def _packed(rng, lens_q, lens_k, H=4, Hkv=2, D=16, Dv=12):
+    cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
+    q, k, v = randn(rng, cu_q[-1], H, D), randn(rng, cu_k[-1], Hkv, D), randn(rng, cu_k[-1], Hkv, Dv)
+    return q, k, v, cu_q, cu_k
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("window_size", [(-1, -1), (2, 1), (3, 0)])
+def test_varlen_matches_model(causal, window_size):
+    rng = np.random.default_rng(7)
+    lens_q, lens_k = [3, 1, 0, 6, 4], [5, 7, 3, 6, 0]
+    q, k, v, cu_q, cu_k = _packed(rng, lens_q, lens_k)
+    o, lse, probs = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 6, 7, causal=causal,
+                                           window_size=window_size, return_attn_probs=True)
+    assert o.shape == (q.shape[0], 4, 12) and lse.shape == (4, q.shape[0])
+    assert probs.shape == (5, 4, 6, 7)
+    for b in range(5):
+        qs, ks = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        mo, mlse, mw = model(q[None, qs], k[None, ks], v[None, ks], causal=causal,
+                             window_size=window_size)
+        np.testing.assert_allclose(o[qs], mo[0], **TOL)
+        np.testing.assert_allclose(lse[:, qs], mlse[0], **TOL)
+        np.testing.assert_allclose(probs[b, :, :lens_q[b], :lens_k[b]], mw[0], **TOL)
+        assert not probs[b, :, lens_q[b]:].any() and not probs[b, :, :, lens_k[b]:].any()
+        alone = flash_attn_func(q[None, qs], k[None, ks], v[None, ks], causal=causal,
+                                window_size=window_size)
+        assert np.array_equal(o[qs], alone[0])
+
+
+@pytest.mark.parametrize("block_size", [1, 4, 5])
+def test_varlen_paged_equals_contiguous(block_size):
+    rng = np.random.default_rng(8)
+    lens_q, lens_k = [2, 5, 1], [9, 5, 13]
+    q, k, v, cu_q, cu_k = _packed(rng, lens_q, lens_k)
+    nblk = [-(-n // block_size) for n in lens_k]
+    num_blocks = sum(nblk) + 3
+    k_pages, v_pages = randn(rng, num_blocks, block_size, 2, 16), randn(rng, num_blocks, block_size, 2, 12)
+    perm = rng.permutation(num_blocks)
+    table = np.zeros((3, max(nblk) + 1), np.int32)
+    used = 0
+    for b in range(3):
+        table[b, :nblk[b]] = perm[used:used + nblk[b]]
+        used += nblk[b]
+        for t in range(lens_k[b]):
+            blk, off = table[b, t // block_size], t % block_size
+            k_pages[blk, off], v_pages[blk, off] = k[cu_k[b] + t], v[cu_k[b] + t]
+    ref = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 5, 13, causal=True)
+    got = flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, 5, 13, causal=True,
+                                 block_table=table)
+    assert np.array_equal(got, ref)
+
+
+# ----------------------------------------------------------------------------
+# flash_attn_with_kvcache
+
+
+def _kv_model(q, k_cache, v_cache, k, v, seqlens, *, rows=None, leftpad=None, rotary=None,
+              causal=False, window_size=(-1, -1), **kw):
+    """FlashAttention's test_flash_attn_kvcache, in NumPy: the updated cache
+    (k rotated) and attention over it with the key-padding mask."""
+    B, L = q.shape[:2]
+    S = k_cache.shape[1]
+    rows = np.arange(B) if rows is None else rows
+    kc, vc = k_cache[rows].astype(np.float64), v_cache[rows].astype(np.float64)
+    L_new = 0 if k is None else k.shape[1]
+    q_ro = q
+    if rotary is not None:
+        cos, sin, interleaved = rotary
+        local = window_size != (-1, -1)
+        qpos = seqlens[:, None] + (np.arange(L) if causal or local else np.zeros(L, int))
+        q_ro = rope_model(q, cos, sin, qpos, interleaved)
+        k = rope_model(k, cos, sin, seqlens[:, None] + np.arange(L_new), interleaved)
+    arange = np.arange(S)[None, :]
+    if L_new:
+        update = (seqlens[:, None] <= arange) & (arange < seqlens[:, None] + L_new)
+        kc[update] = k.reshape(-1, *k.shape[2:])
+        vc[update] = v.reshape(-1, *v.shape[2:])
+    valid = arange < seqlens[:, None] + L_new
+    if leftpad is not None:
+        valid &= arange >= leftpad[:, None]
+    o, lse, _ = model(q_ro, kc, vc, key_valid=valid, leftpad=leftpad, causal=causal,
+                      window_size=window_size, **kw)
+    return o, lse, kc, vc
+
+
+def _cache_case(rng, B=3, S=24, H=6, Hkv=2, D=16, L=2, L_new=2, Bc=None):
+    Bc = B if Bc is None else Bc
+    return dict(q=randn(rng, B, L, H, D), k_cache=randn(rng, Bc, S, Hkv, D),
+                v_cache=randn(rng, Bc, S, Hkv, D), k=randn(rng, B, L_new, Hkv, D),
+                v=randn(rng, B, L_new, Hkv, D))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("window_size", [(-1, -1), (4, -1), (3, 0)])
+@pytest.mark.parametrize("seqlens", ["int", "per-batch"])
+def test_kvcache_append_and_attend(causal, window_size, seqlens):
+    rng = np.random.default_rng(9)
+    c = _cache_case(rng)
+    cs = np.full(3, 7) if seqlens == "int" else np.array([0, 11, 22])
+    k0, v0 = c["k_cache"].copy(), c["v_cache"].copy()
+    mo, mlse, mkc, mvc = _kv_model(c["q"], k0, v0, c["k"], c["v"], cs, causal=causal,
+                                   window_size=window_size)
+    o, lse = flash_attn_with_kvcache(c["q"], c["k_cache"], c["v_cache"], c["k"], c["v"],
+                                     cache_seqlens=7 if seqlens == "int" else cs.astype(np.int32),
+                                     causal=causal, window_size=window_size,
+                                     return_softmax_lse=True)
+    assert o.shape == (3, 2, 6, 16) and lse.shape == (3, 6, 2)
+    assert np.array_equal(c["k_cache"], mkc.astype(np.float32))  # in place, nothing else moved
+    assert np.array_equal(c["v_cache"], mvc.astype(np.float32))
+    np.testing.assert_allclose(o, mo, **TOL)
+    np.testing.assert_allclose(lse, mlse, **TOL)
+
+
+def test_kvcache_no_new_kv_and_default_seqlens():
+    rng = np.random.default_rng(10)
+    c = _cache_case(rng)
+    before = c["k_cache"].copy()
+    o = flash_attn_with_kvcache(c["q"], c["k_cache"], c["v_cache"], causal=True)
+    assert np.array_equal(c["k_cache"], before)
+    ref = flash_attn_func(c["q"], c["k_cache"], c["v_cache"], causal=True)  # whole cache
+    assert np.array_equal(o, ref)
+    cs = np.array([5, 1, 24])
+    o = flash_attn_with_kvcache(c["q"], c["k_cache"], c["v_cache"], cache_seqlens=cs)
+    for b in range(3):
+        alone = flash_attn_func(c["q"][b:b + 1], c["k_cache"][b:b + 1, :cs[b]],
+                                c["v_cache"][b:b + 1, :cs[b]])
+        assert np.array_equal(o[b], alone[0])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_kvcache_leftpad_and_batch_idx(causal):
+    rng = np.random.default_rng(11)
+    c = _cache_case(rng, Bc=5)
+    rows = np.array([4, 0, 2], np.int32)
+    cs = np.array([9, 3, 20])
+    lp = np.array([4, 0, 20])
+    k0, v0 = c["k_cache"].copy(), c["v_cache"].copy()
+    mo, mlse, mkc, mvc = _kv_model(c["q"], k0, v0, c["k"], c["v"], cs, rows=rows, leftpad=lp,
+                                   causal=causal)
+    o, lse = flash_attn_with_kvcache(c["q"], c["k_cache"], c["v_cache"], c["k"], c["v"],
+                                     cache_seqlens=cs, cache_batch_idx=rows, cache_leftpad=lp,
+                                     causal=causal, return_softmax_lse=True)
+    np.testing.assert_allclose(o, mo, **TOL)
+    np.testing.assert_allclose(lse, mlse, **TOL)
+    assert np.array_equal(c["k_cache"][rows], mkc.astype(np.float32))
+    untouched = [1, 3]
+    assert np.array_equal(c["k_cache"][untouched], k0[untouched])
+    assert np.array_equal(c["v_cache"][untouched], v0[untouched])
+
+
+def test_kvcache_uniform_single_call_equals_per_sequence():
+    """The one-call path (same key range for every row, rows a regular slice)
+    and the per-sequence path give the same bits as flash_attn_func."""
+    rng = np.random.default_rng(12)
+    c = _cache_case(rng, B=2, Bc=4)
+    for rows in ([1, 3], [3, 1], [2, 2]):  # a slice; then two that go row by row
+        o = flash_attn_with_kvcache(c["q"], c["k_cache"], c["v_cache"], cache_seqlens=10,
+                                    cache_batch_idx=rows, causal=True)
+        for b, r in enumerate(rows):
+            alone = flash_attn_func(c["q"][b:b + 1], c["k_cache"][r:r + 1, :10],
+                                    c["v_cache"][r:r + 1, :10], causal=True)
+            assert np.array_equal(o[b], alone[0])
+
+
+def _paged(rng, k_cache, v_cache, block_size, extra=3):
+    """A shuffled paged copy of a contiguous (B, S, Hkv, D) cache."""
+    B, S = k_cache.shape[:2]
+    nblk = -(-S // block_size)
+    num_blocks = B * nblk + extra
+    kp, vp = randn(rng, num_blocks, block_size, *k_cache.shape[2:]), randn(rng, num_blocks, block_size, *v_cache.shape[2:])
+    table = rng.permutation(num_blocks)[:B * nblk].reshape(B, nblk).astype(np.int32)
+    for b in range(B):
+        for t in range(S):
+            kp[table[b, t // block_size], t % block_size] = k_cache[b, t]
+            vp[table[b, t // block_size], t % block_size] = v_cache[b, t]
+    return kp, vp, table
+
+
+@pytest.mark.parametrize("block_size", [1, 5, 8])
+@pytest.mark.parametrize("leftpad", [False, True])
+def test_kvcache_paged_equals_contiguous(block_size, leftpad):
+    rng = np.random.default_rng(13)
+    c = _cache_case(rng)
+    kp, vp, table = _paged(rng, c["k_cache"], c["v_cache"], block_size)
+    cs = np.array([6, 0, 21])
+    lp = np.array([2, 0, 9]) if leftpad else None
+    kw = dict(cache_seqlens=cs, cache_leftpad=lp, causal=True, window_size=(6, -1),
+              return_softmax_lse=True)
+    o, lse = flash_attn_with_kvcache(c["q"], c["k_cache"], c["v_cache"], c["k"], c["v"], **kw)
+    po, plse = flash_attn_with_kvcache(c["q"], kp, vp, c["k"], c["v"], block_table=table, **kw)
+    assert np.array_equal(po, o) and np.array_equal(plse, lse)
+    for b in range(3):  # the pages now hold the contiguous cache's update
+        for t in range(cs[b], cs[b] + 2):
+            assert np.array_equal(kp[table[b, t // block_size], t % block_size], c["k_cache"][b, t])
+            assert np.array_equal(vp[table[b, t // block_size], t % block_size], c["v_cache"][b, t])
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("causal,window_size", [(False, (-1, -1)), (True, (-1, -1)),
+                                                (False, (5, 3))])
+@pytest.mark.parametrize("rotary_dim", [16, 6])
+def test_kvcache_rotary(interleaved, causal, window_size, rotary_dim):
+    rng = np.random.default_rng(14)
+    c = _cache_case(rng, L=3, L_new=3)
+    angle = rng.random((30, rotary_dim // 2)) * 2 * np.pi
+    cos, sin = np.cos(angle).astype(np.float32), np.sin(angle).astype(np.float32)
+    cs = np.array([2, 9, 21])
+    k0, v0 = c["k_cache"].copy(), c["v_cache"].copy()
+    mo, mlse, mkc, mvc = _kv_model(c["q"], k0, v0, c["k"], c["v"], cs, causal=causal,
+                                   window_size=window_size,
+                                   rotary=(cos.astype(np.float64), sin.astype(np.float64),
+                                           interleaved))
+    o = flash_attn_with_kvcache(c["q"], c["k_cache"], c["v_cache"], c["k"], c["v"],
+                                rotary_cos=cos, rotary_sin=sin, cache_seqlens=cs,
+                                causal=causal, window_size=window_size,
+                                rotary_interleaved=interleaved)
+    np.testing.assert_allclose(c["k_cache"], mkc, rtol=1e-6, atol=1e-6)  # rotated k stored
+    assert np.array_equal(c["v_cache"], mvc.astype(np.float32))          # v is not rotated
+    np.testing.assert_allclose(o, mo, **TOL)
+
+
+def test_kvcache_rotary_layouts_differ():
+    """Interleaved and GPT-NeoX pairings are different rotations (a test that
+    could not tell them apart would pass either way)."""
+    rng = np.random.default_rng(15)
+    c = _cache_case(rng, B=1)
+    angle = rng.random((30, 8)) * 2 * np.pi
+    outs = []
+    for interleaved in (True, False):
+        kc = c["k_cache"].copy()
+        flash_attn_with_kvcache(c["q"], kc, c["v_cache"].copy(), c["k"], c["v"],
+                                rotary_cos=np.cos(angle), rotary_sin=np.sin(angle),
+                                cache_seqlens=4, rotary_interleaved=interleaved)
+        outs.append(kc[0, 4:6])
+    assert not np.allclose(outs[0], outs[1])
+
+
+def test_kvcache_float16_cache():
+    rng = np.random.default_rng(16)
+    c = _cache_case(rng)
+    kc, vc = c["k_cache"].astype(np.float16), c["v_cache"].astype(np.float16)
+    o = flash_attn_with_kvcache(c["q"], kc, vc, c["k"], c["v"], cache_seqlens=5)
+    assert kc.dtype == np.float16
+    assert np.array_equal(kc[:, 5:7], c["k"].astype(np.float16))  # cast into the cache
+    ref = flash_attn_func(c["q"], kc[:, :7].astype(np.float32), vc[:, :7].astype(np.float32))
+    assert np.array_equal(o, ref)
+
+
+@needs_softcap_alibi
+@pytest.mark.parametrize("alibi_shape", ["H", "BH"])
+def test_kvcache_softcap_alibi(alibi_shape):
+    rng = np.random.default_rng(17)
+    c = _cache_case(rng)
+    slopes = rng.random(6) * 0.3 if alibi_shape == "H" else rng.random((3, 6)) * 0.3
+    cs, lp = np.array([5, 12, 3]), np.array([1, 4, 0])
+    k0, v0 = c["k_cache"].copy(), c["v_cache"].copy()
+    mo, mlse, _, _ = _kv_model(c["q"] * 4, k0, v0, c["k"], c["v"], cs, leftpad=lp, causal=True,
+                               softcap=3.0, alibi_slopes=slopes)
+    o, lse = flash_attn_with_kvcache(c["q"] * 4, c["k_cache"], c["v_cache"], c["k"], c["v"],
+                                     cache_seqlens=cs, cache_leftpad=lp, causal=True, softcap=3.0,
+                                     alibi_slopes=slopes, return_softmax_lse=True)
+    np.testing.assert_allclose(o, mo, **TOL)
+    np.testing.assert_allclose(lse, mlse, **TOL)
+
+
+# ----------------------------------------------------------------------------
+# Bad input: clear errors, the cache untouched
+
+
+def _case():
+    c = _cache_case(np.random.default_rng(18))
+    c["cache_seqlens"] = np.array([3, 4, 5], np.int32)
+    return c
+
+
+BAD = [
+    ("dropout_p", lambda: flash_attn_func(*(np.zeros((1, 2, 2, 4), np.float32),) * 3,
+                                          dropout_p=0.1), ValueError),
+    ("dropout_p", lambda: flash_attn_varlen_func(*(np.zeros((2, 2, 4), np.float32),) * 3,
+                                                 [0, 2], [0, 2], 2, 2, 0.5), ValueError),
+    ("out", lambda: flash_attn_func(*(np.zeros((1, 2, 2, 4), np.float32),) * 3,
+                                    out=np.zeros((1, 2, 2, 4), np.float16)), TypeError),
+    ("out", lambda: flash_attn_func(*(np.zeros((1, 2, 2, 4), np.float32),) * 3,
+                                    out=np.zeros((1, 2, 2, 5), np.float32)), ValueError),
+    ("heads", lambda: flash_attn_func(np.zeros((1, 2, 3, 4)), np.zeros((1, 2, 2, 4)),
+                                      np.zeros((1, 2, 2, 4))), ValueError),
+    ("batch size", lambda: flash_attn_func(np.zeros((2, 2, 2, 4)), np.zeros((1, 2, 2, 4)),
+                                           np.zeros((1, 2, 2, 4))), ValueError),
+    ("head dimension", lambda: flash_attn_func(np.zeros((1, 2, 2, 4)), np.zeros((1, 2, 2, 3)),
+                                               np.zeros((1, 2, 2, 4))), ValueError),
+    ("4 dimensions", lambda: flash_attn_func(np.zeros((2, 2, 4)), np.zeros((1, 2, 2, 4)),
+                                             np.zeros((1, 2, 2, 4))), ValueError),
+    ("window_size", lambda: flash_attn_func(*(np.zeros((1, 2, 2, 4)),) * 3, window_size=3),
+     ValueError),
+    ("window_size", lambda: flash_attn_func(*(np.zeros((1, 2, 2, 4)),) * 3,
+                                            window_size=(1.5, 0)), ValueError),
+    ("softcap", lambda: flash_attn_func(*(np.zeros((1, 2, 2, 4)),) * 3, softcap=-1.0),
+     ValueError),
+    ("alibi_slopes", lambda: flash_attn_func(*(np.zeros((1, 2, 2, 4)),) * 3,
+                                             alibi_slopes=np.ones(3)), ValueError),
+    ("softmax_scale", lambda: flash_attn_func(*(np.zeros((1, 2, 2, 4)),) * 3,
+                                              softmax_scale=np.inf), ValueError),
+    ("real floating", lambda: flash_attn_func(np.zeros((1, 2, 2, 4), int),
+                                              *(np.zeros((1, 2, 2, 4)),) * 2), TypeError),
+    ("cu_seqlens_q", lambda: flash_attn_varlen_func(*(np.zeros((4, 2, 4)),) * 3, [0, 3],
+                                                    [0, 4], 4, 4), ValueError),
+    ("cu_seqlens_k", lambda: flash_attn_varlen_func(*(np.zeros((4, 2, 4)),) * 3, [0, 4],
+                                                    [0, 2, 4], 4, 4), ValueError),
+    ("max_seqlen_q", lambda: flash_attn_varlen_func(*(np.zeros((4, 2, 4)),) * 3, [0, 4],
+                                                    [0, 4], 3, 4), ValueError),
+    ("integers", lambda: flash_attn_varlen_func(*(np.zeros((4, 2, 4)),) * 3,
+                                                np.array([0., 4.]), [0, 4], 4, 4), TypeError),
+    ("block_table", lambda: flash_attn_varlen_func(
+        np.zeros((4, 2, 4)), np.zeros((3, 2, 2, 4)), np.zeros((3, 2, 2, 4)), [0, 4], [0, 4],
+        4, 4, block_table=[[0, 3]]), ValueError),
+]
+
+
+@pytest.mark.parametrize("words,call,exc", BAD, ids=[f"{b[0]}-{i}" for i, b in enumerate(BAD)])
+def test_bad_input(words, call, exc):
+    with pytest.raises(exc, match=words):
+        call()
+
+
+KV_BAD = [  # (what the message names, changes to the arguments, exception)
+    ("block_table", dict(block_table=np.array([[0, 1], [6, 2], [4, 5]])), ValueError),
+    ("block_table", dict(block_table=np.array([[0, 1], [2, 3], [4, -1]]),
+                         cache_seqlens=np.array([3, 4, 7])), ValueError),
+    ("block_table", dict(block_table=np.array([[0], [1], [2]]),  # too few blocks
+                         cache_seqlens=np.array([3, 4, 7])), ValueError),
+    ("block_table", dict(block_table=np.zeros((2, 2), np.int32)), ValueError),
+    ("block_table", dict(block_table=np.zeros((3, 2))), TypeError),
+    ("cache_batch_idx", dict(block_table=np.arange(6).reshape(3, 2), cache_batch_idx=[0, 1, 2]),
+     ValueError),
+    ("cache_seqlens", dict(cache_seqlens=np.array([3, 23, 5])), ValueError),  # + 2 new > 24
+    ("cache_seqlens", dict(cache_seqlens=np.array([3, -1, 5])), ValueError),
+    ("cache_seqlens", dict(cache_seqlens=23), ValueError),
+    ("cache_seqlens", dict(cache_seqlens=np.array([3, 4])), ValueError),
+    ("cache_seqlens", dict(cache_seqlens=np.array([3., 4., 5.])), TypeError),
+    ("cache_seqlens", dict(cache_seqlens=None), ValueError),  # k given
+    ("cache_leftpad", dict(cache_leftpad=np.array([0, 5, 0])), ValueError),  # > cache_seqlens
+    ("cache_leftpad", dict(cache_leftpad=np.array([-1, 0, 0])), ValueError),
+    ("cache_batch_idx", dict(cache_batch_idx=np.array([0, 1, 3])), ValueError),
+    ("cache_batch_idx", dict(cache_batch_idx=np.array([0, 1])), ValueError),
+    ("k and v", dict(v=None), ValueError),
+    ("k must have shape", dict(k=np.zeros((3, 2, 1, 16), np.float32)), ValueError),
+    ("v must have shape", dict(v=np.zeros((3, 1, 2, 16), np.float32)), ValueError),
+    ("v_cache", dict(v_cache=np.zeros((3, 20, 2, 16), np.float32)), ValueError),
+    ("k_cache's head dimension", dict(k_cache=np.zeros((3, 24, 2, 8), np.float32)), ValueError),
+    ("k_cache must hold", dict(q=np.zeros((2, 2, 6, 16), np.float32),
+                               k=np.zeros((2, 2, 2, 16)), v=np.zeros((2, 2, 2, 16)),
+                               cache_seqlens=3), ValueError),
+    ("k_cache", dict(k_cache=[[[[0.0]]]]), TypeError),  # not an array to update in place
+    ("rotary_cos and rotary_sin", dict(rotary_cos=np.ones((30, 8))), ValueError),
+    ("rotary_sin", dict(rotary_cos=np.ones((30, 8)), rotary_sin=np.ones((30, 4))), ValueError),
+    ("rotary_cos", dict(rotary_cos=np.ones((30, 9)), rotary_sin=np.ones((30, 9))), ValueError),
+    ("positions", dict(rotary_cos=np.ones((6, 8)), rotary_sin=np.ones((6, 8))), ValueError),
+    ("need k and v", dict(k=None, v=None, rotary_cos=np.ones((30, 8)),
+                          rotary_sin=np.ones((30, 8))), ValueError),
+    ("out", dict(out=np.zeros((3, 2, 6, 16), np.float16)), TypeError),
+    ("out", dict(out=np.zeros((3, 6, 2, 16), np.float32)), ValueError),
+    ("softcap", dict(softcap=float("nan")), ValueError),
+    ("alibi_slopes", dict(alibi_slopes=np.ones((2, 6))), ValueError),
+    ("num_splits", dict(num_splits=-1), ValueError),
+    ("causal", dict(causal=None), TypeError),
+]
+
+
+@pytest.mark.parametrize("words,change,exc", KV_BAD, ids=[f"{b[0]}-{i}" for i, b in enumerate(KV_BAD)])
+def test_kvcache_bad_input_leaves_cache(words, change, exc):
+    c = _case()
+    if "block_table" in change:  # a paged cache of 6 blocks of 8
+        c["k_cache"], c["v_cache"] = (np.zeros((6, 8, 2, 16), np.float32) for _ in range(2))
+    c.update(change)
+    caches = [a.copy() for a in (c["k_cache"], c["v_cache"]) if isinstance(a, np.ndarray)]
+    with pytest.raises(exc, match=words):
+        flash_attn_with_kvcache(**c)
+    now = [a for a in (c["k_cache"], c["v_cache"]) if isinstance(a, np.ndarray)]
+    assert all(np.array_equal(a, b) for a, b in zip(now, caches))
+
+
+def test_kvcache_unused_block_table_entries_are_not_read():
+    """Only the entries that cover positions [0, cache_seqlens + seqlen_new) are
+    used (and checked): padding the table with -1 is fine."""
+    c = _case()
+    c["k_cache"], c["v_cache"] = (np.zeros((6, 8, 2, 16), np.float32) for _ in range(2))
+    c["block_table"] = np.array([[0, -1], [1, 99], [2, -7]])
+    o = flash_attn_with_kvcache(**c)
+    c["block_table"] = np.array([[0, 3], [1, 4], [2, 5]])
+    assert np.array_equal(o, flash_attn_with_kvcache(**c))
+
+
+def test_kvcache_read_only_cache():
+    c = _case()
+    c["k_cache"].flags.writeable = False
+    with pytest.raises(ValueError, match="k_cache must be writeable"):
+        flash_attn_with_kvcache(**c)
+    c["k"] = c["v"] = None  # reading a read-only cache is fine
+    flash_attn_with_kvcache(**c)
+
+
+def test_docstring_examples():
+    result = doctest.testmod(fa, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0 and result.failed == 0
+
+
+def test_import_needs_no_optional_dependency():
+    code = ("import sys, fastattn; f = fastattn.flash_attn.flash_attn_with_kvcache; "
+            "print(sorted(m for m in ('torch', 'dask', 'ml_dtypes', 'flash_attn') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
