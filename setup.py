@@ -23,7 +23,8 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 SOURCES = ["src/fastattn/_core.pyx", "csrc/rowwise.c", "csrc/attention.c", "csrc/config.c",
-           "csrc/dispatch.c", "csrc/kernels_generic.c", "csrc/kernels_avx2.c", "csrc/merge.c"]
+           "csrc/dispatch.c", "csrc/kernels_generic.c", "csrc/kernels_avx2.c", "csrc/merge.c",
+           "csrc/peak.c"]
 
 OPENMP_PROBE = textwrap.dedent(
     """

@@ -94,6 +94,12 @@ int fa_select_simd(const char *name);
 /* Comma-separated variants this CPU and build can run, e.g. "generic,avx2". */
 const char *fa_simd_available(void);
 
+/* The float32 FMA peak in GFLOP/s of `nthreads` threads running `iters`
+ * steps of 12 independent FMA chains `lanes` wide (8: AVX2 + FMA, 16:
+ * AVX-512F); -1 where this CPU or build has no such instructions. A yardstick
+ * for the benchmarks, not a kernel. */
+double fa_fma_peak_gflops(int lanes, int nthreads, long iters);
+
 /* Build and runtime facts for show_config(). */
 int fa_built_with_openmp(void);
 int fa_omp_max_threads(void);

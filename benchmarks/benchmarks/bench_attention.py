@@ -3,6 +3,7 @@ import numpy as np
 
 import fastattn
 from fastattn import reference
+from fastattn._bench import MODEL_CASES, Problem, best_time, fma_peaks
 
 from .common import IMPLS, random, sdpa_fn, set_threads
 
@@ -143,3 +144,54 @@ class SmallCall:
 
     def time_sdpa_small(self, impl):
         self.fn()
+
+
+class Models:
+    """The model grid of ``python -m fastattn bench --models`` (encoders, ViT,
+    Whisper, LLM decode and prefill, a tiny call), every implementation on 1
+    and 2 threads; torch and onnxruntime skip when not installed, the reference
+    where it cannot express or hold the case (it runs whole here, not sliced)."""
+
+    params = (IMPLS + ["onnxruntime"], [1, 2], [name for name, _ in MODEL_CASES])
+    param_names = ["impl", "threads", "case"]
+    timeout = 300
+
+    def setup(self, impl, threads, case):
+        prob = dict(MODEL_CASES)[case]
+        if impl == "reference" and prob.B * prob.H * prob.L * prob.S > 2**25:
+            raise NotImplementedError("the reference is O(L*S) in memory and time")
+        r = prob.runner(impl, threads)
+        if r is None:
+            raise NotImplementedError(f"{impl} is not installed or cannot express {case}")
+        self.fn = r[0]
+
+    def teardown(self, *args):
+        fastattn.set_num_threads(None)
+
+    def time_model(self, *args):
+        self.fn()
+
+
+class FmaPeakFraction:
+    """fastattn's FLOP rate on L=S=4096, D=128, not causal, over the float32
+    FMA peak of the same threads (AVX2 and AVX-512 widths where the CPU has them)."""
+
+    params = (["AVX2", "AVX-512"], [1, 2])
+    param_names = ["peak", "threads"]
+    timeout = 300
+
+    def setup(self, peak, threads):
+        self.peaks = fma_peaks(threads)
+        if peak not in self.peaks:
+            raise NotImplementedError(f"no {peak} on this CPU")
+        self.prob = Problem(1, 8, 8, 4096, 4096, 128)
+        self.fn = self.prob.runner("fastattn", threads)[0]
+
+    def teardown(self, *args):
+        fastattn.set_num_threads(None)
+
+    def track_fma_peak_fraction(self, peak, threads):
+        self.fn()
+        return self.prob.flops() / best_time(self.fn, 1) / 1e9 / self.peaks[peak]
+
+    track_fma_peak_fraction.unit = "fraction of peak"

@@ -3,8 +3,10 @@
 ``python -m fastattn`` (the main job): checks the compiled kernels against the
 pure-NumPy reference on shipped inputs, times fastattn against the reference
 (and PyTorch when it is installed), prints both tables and exits 1 if any
-check fails. ``python -m fastattn bench`` measures the grid of speed targets;
-with a shape option (``-L 4096 --causal`` ...) it times a shape of one's own.
+check fails. ``python -m fastattn bench`` measures the grid of long-sequence
+speed targets; ``bench --models`` the grid of model shapes against PyTorch and
+ONNX Runtime; with a shape option (``-L 4096 --causal`` ...) it times a shape
+of one's own.
 """
 import argparse
 import sys
@@ -13,7 +15,7 @@ import numpy as np
 
 import fastattn
 from fastattn import reference
-from fastattn._bench import grid, print_times, time_sdpa
+from fastattn._bench import MODEL_CASES, grid, models, print_times, time_sdpa
 from fastattn._realinput import max_abs_err, real_input_checks
 
 SEED = 20261129  # of the random-input checks
@@ -118,6 +120,13 @@ def main_job(args):
 def bench(args):
     shape_given = any(getattr(args, name) is not None for name in
                       ("batch", "heads", "kv_heads", "L", "S", "D", "window")) or args.causal
+    if args.models:
+        if shape_given:
+            print("bench: --models takes no shape options", file=sys.stderr)
+            return 2
+        models(repeat=args.repeat, threads=args.threads or 2, cases=args.case)
+        fastattn.set_num_threads(None)
+        return 0
     if args.threads is not None:
         fastattn.set_num_threads(args.threads)
     if not shape_given:
@@ -172,6 +181,12 @@ def main(argv=None):
                     "fastattn.scaled_dot_product_attention on q (B, H, L, D), k and v "
                     "(B, HKV, S, D) against PyTorch (when installed) and optionally the "
                     "reference.")
+    b.add_argument("--models", action="store_true",
+                   help="time the grid of model shapes (encoders, ViT, Whisper, LLM decode and "
+                        "prefill, a tiny call) against the reference, PyTorch and ONNX Runtime "
+                        "(2 threads for each unless --threads)")
+    b.add_argument("--case", action="append", choices=[n for n, _ in MODEL_CASES],
+                   metavar="NAME", help="--models: time only this case (repeatable)")
     b.add_argument("--batch", "-B", type=_count(1), help="batch size (default 1)")
     b.add_argument("--heads", "-H", type=_count(1), help="heads (default 8)")
     b.add_argument("--kv-heads", type=_count(1), metavar="HKV",

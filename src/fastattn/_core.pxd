@@ -44,3 +44,4 @@ cdef extern from "fastattn.h" nogil:
     const char *fa_simd_kernel()
     int fa_merge_f32(const float *const *outs, const float *const *lses, int64_t P,
                      int64_t nrows, int64_t Dv, float *o, float *lse, int nthreads)
+    double fa_fma_peak_gflops(int lanes, int nthreads, long iters)

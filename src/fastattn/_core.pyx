@@ -212,3 +212,12 @@ def merge(list outs, list lses, int64_t nrows, int64_t Dv, float[::1] o, float[:
     finally:
         PyMem_Free(optr)
         PyMem_Free(lptr)
+
+
+def fma_peak(int lanes, int nthreads, long iters):
+    """GFLOP/s of float32 FMAs `lanes` wide (8: AVX2, 16: AVX-512F) on
+    `nthreads` threads (csrc/peak.c), or None where the CPU or build lacks them."""
+    cdef double g
+    with nogil:
+        g = fa_fma_peak_gflops(lanes, nthreads, iters)
+    return None if g < 0 else g

@@ -1,0 +1,73 @@
+"""`python -m fastattn bench --models` and its peers: each peer computes the
+same attention as fastattn on the cases it expresses (else the ratios would
+compare different work)."""
+import numpy as np
+import pytest
+
+import fastattn
+from fastattn._bench import MODEL_CASES, Problem, geomean, vs_faster_peer
+
+SMALL = [Problem(2, 4, 4, 5, 9, 8, padding=True), Problem(1, 4, 4, 6, 6, 8, causal=True),
+         Problem(2, 6, 2, 1, 33, 16), Problem(1, 6, 3, 4, 20, 8, causal=True),
+         Problem(1, 2, 2, 1, 40, 8)]
+
+
+def _as_bhld(got, prob):
+    got = np.asarray(got[0] if isinstance(got, list) else got)
+    if got.ndim == 3:  # onnxruntime's (B, L, H * D)
+        got = got.reshape(prob.B, prob.L, prob.H, prob.D).transpose(0, 2, 1, 3)
+    return got
+
+
+@pytest.mark.parametrize("impl", ["reference", "torch", "onnxruntime"])
+@pytest.mark.parametrize("prob", SMALL, ids=lambda p: p.label())
+def test_peers_compute_what_fastattn_computes(impl, prob):
+    if impl == "torch":
+        pytest.importorskip("torch")
+    if impl == "onnxruntime":
+        pytest.importorskip("onnxruntime")
+        pytest.importorskip("onnx")
+    r = prob.runner(impl, 1)
+    if r is None:
+        assert impl == "onnxruntime" and prob.gqa is False and prob.causal
+        pytest.skip("not expressible by this peer")
+    q, k, v, mask = prob.inputs()
+    want = fastattn.scaled_dot_product_attention(q, k, v, mask, is_causal=prob.causal,
+                                                 enable_gqa=prob.gqa)
+    got = _as_bhld(r[0](), prob)
+    want = want[:got.shape[0], :got.shape[1]]  # (the reference may run on a slice of the heads)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_reference_slices_big_cases():
+    prob = dict(MODEL_CASES)["D = 96"]
+    fn, factor = prob.runner("reference", 1)
+    assert factor == 8.0  # 4 of 32 heads: 4 * 2048 * 2048 = 2**24 scores
+
+
+def test_flops_and_ratios():
+    assert Problem(1, 1, 1, 4, 4, 8).flops() == 4 * 16 * 8
+    assert Problem(1, 1, 1, 2, 3, 1, causal=True).flops() == 4 * (2 + 3)  # rows see 2, 3 keys
+    assert vs_faster_peer({"fastattn": 2.0, "torch": 4.0, "onnxruntime": 3.0}) == \
+        (1.5, "onnxruntime")
+    assert vs_faster_peer({"fastattn": 2.0, "torch": None, "onnxruntime": None}) == (None, None)
+    assert geomean([2.0, 8.0, None]) == pytest.approx(4.0)
+
+
+def test_bench_models_prints_the_grid(capsys):
+    from fastattn.__main__ import main
+
+    assert main(["bench", "--models", "--case", "tiny call", "--repeat", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "tiny call" in text and "(1, 1, 4, 4, 8)" in text
+    assert "first call in a fresh process" in text
+    assert main(["bench", "--models", "-L", "8"]) == 2
+
+
+def test_fma_peak_is_positive_or_absent():
+    from fastattn import _core
+
+    for lanes in (8, 16):
+        g = _core.fma_peak(lanes, 1, 1000)
+        assert g is None or g > 0
+    assert _core.fma_peak(4, 1, 1000) is None
