@@ -71,3 +71,22 @@ def test_fma_peak_is_positive_or_absent():
         g = _core.fma_peak(lanes, 1, 1000)
         assert g is None or g > 0
     assert _core.fma_peak(4, 1, 1000) is None
+
+
+def test_long_grid_rows_and_peak_fraction(monkeypatch, capsys):
+    # The grid's bookkeeping with stand-in timings (the real one takes minutes).
+    import fastattn._bench as bench
+
+    monkeypatch.setattr(bench, "time_problem", lambda p, impls=None, threads=2, repeat=3:
+                        {"fastattn": 1.0, "torch": 1.1, "onnxruntime": 0.9})
+    monkeypatch.setattr(bench, "best_time", lambda fn, repeat: 0.5)
+    monkeypatch.setattr(bench, "fma_peaks", lambda threads: {"AVX2": 100.0, "AVX-512": 200.0})
+    monkeypatch.setattr(bench, "_randn",
+                        lambda shape, seed: np.zeros([min(s, 4) for s in shape], np.float32))
+    rows = {r[0]: r for r in bench.grid(repeat=1, memory=False)}
+    rate = 4 * 8 * 4096 * 4096 * 128 / 1e9  # GFLOP per second of the stand-in 1 s
+    assert rows["SDPA L=S=4096 D=128 / AVX2 FMA peak"][1].endswith(f"= {rate / 100:.0%}")
+    assert rows["SDPA L=S=4096 D=128 / AVX-512 FMA peak"][1].endswith(f"= {rate / 200:.0%}")
+    assert rows["SDPA H=8 D=64 L=S=1024 vs faster peer"][1] == "1000 ms, 0.90x onnxruntime"
+    assert rows["SDPA grid: geometric mean vs faster peer"][3] == "NO"
+    assert "AVX-512 200.0 GFLOP/s" in capsys.readouterr().out
