@@ -1,0 +1,540 @@
+"""Attention over Dask arrays: keys that do not fit one machine, or millions of sequences.
+
+:func:`scaled_dot_product_attention` takes the arguments of
+:func:`fastattn.scaled_dot_product_attention` as Dask (or NumPy) arrays chunked
+on the batch, head, query (L) and key (S) axes and returns Dask arrays. The
+graph has one task per (query block, key block) pair that holds an allowed key
+-- each calls the in-memory function on its blocks with ``return_lse=True`` --
+and the partial results of a query block are merged with
+:func:`fastattn.merge_attention` in a tree. Blocks wholly outside `is_causal` or
+`window` are not in the graph: causal attention is about half the tasks.
+
+Threads on workers: Dask's nanny starts worker processes with
+``OMP_NUM_THREADS=1``, so fastattn runs one OpenMP thread per task there. To give
+it more, call :func:`set_worker_threads` once per cluster (a worker plugin that
+calls :func:`fastattn.set_num_threads` in each worker, new ones included); keep
+threads x worker threads x workers on a host at most its cores.
+
+Needs the optional extra: ``pip install "fastattn[dask]"`` (``dask[array]`` and
+``distributed``).
+"""
+import itertools
+import math
+import os
+
+import numpy as np
+
+try:
+    import dask.array as da
+    from dask.base import tokenize
+    from dask.highlevelgraph import HighLevelGraph
+except ImportError as exc:  # pragma: no cover - the optional extra is missing
+    raise ImportError('fastattn.dask needs Dask: pip install "fastattn[dask]"') from exc
+
+import fastattn
+from fastattn._validate import as_bool, check_scale, check_window
+
+__all__ = ["scaled_dot_product_attention", "set_worker_threads", "FastattnThreads"]
+
+_SPLIT_EVERY = 8  # partials merged per task in the tree
+
+
+# ----------------------------------------------------------------------------
+# Threads on workers
+
+
+try:
+    from distributed.diagnostics.plugin import WorkerPlugin as _WorkerPlugin
+except ImportError:  # pragma: no cover - dask without distributed
+    _WorkerPlugin = object
+
+
+class FastattnThreads(_WorkerPlugin):
+    """A ``distributed`` worker plugin that sets fastattn's thread count.
+
+    Parameters
+    ----------
+    n : int
+        OpenMP threads for fastattn's kernels in each worker process (see
+        :func:`fastattn.set_num_threads`).
+
+    Examples
+    --------
+    >>> plugin = FastattnThreads(2)  # client.register_plugin(plugin)
+    >>> plugin.n
+    2
+    """
+
+    name = "fastattn-threads"
+    idempotent = False
+
+    def __init__(self, n):
+        fastattn.set_num_threads(n)  # checks n here, in the client, and undoes it:
+        fastattn.set_num_threads(None)  # the setting is for the workers
+        self.n = int(n)
+
+    def setup(self, worker):
+        fastattn.set_num_threads(self.n)
+
+
+def _usable_cores():
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - macOS, Windows
+        return os.cpu_count() or 1
+
+
+def set_worker_threads(client, n=None):
+    """Give fastattn `n` OpenMP threads in every worker process of a cluster.
+
+    Dask's nanny starts worker processes with ``OMP_NUM_THREADS=1`` (so that
+    many tasks in parallel do not oversubscribe the cores), which leaves
+    fastattn one thread per task. This registers :class:`FastattnThreads` on
+    `client`: each worker, present or joining later, calls
+    :func:`fastattn.set_num_threads` with `n`.
+
+    Parameters
+    ----------
+    client : distributed.Client
+        A client of the cluster.
+    n : int, optional
+        Threads per fastattn call. Default: the cores of each host shared out,
+        ``cores // (sum of the worker threads on that host)``, the smallest over
+        the hosts (at least 1). Keep ``n x threads per worker x workers per
+        host <= cores``: more only makes the threads wait for each other.
+
+    Returns
+    -------
+    int
+        The thread count set.
+
+    Examples
+    --------
+    Two single-threaded workers on a 4-core machine (not run here)::
+
+        cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1)
+        client = distributed.Client(cluster)
+        fastattn.dask.set_worker_threads(client)   # 2 threads per fastattn call
+    """
+    if n is None:
+        workers = client.scheduler_info(n_workers=-1)["workers"]
+        cores = client.run(_usable_cores)
+        per_host = {}
+        for addr, info in workers.items():
+            host = info.get("host", addr)
+            threads, ncores = per_host.get(host, (0, 0))
+            per_host[host] = (threads + int(info.get("nthreads", 1)), max(ncores, cores[addr]))
+        n = min((max(1, c // max(1, t)) for t, c in per_host.values()), default=1)
+    plugin = FastattnThreads(n)
+    client.register_plugin(plugin)
+    return plugin.n
+
+
+# ----------------------------------------------------------------------------
+# Arguments: dtypes, shapes, chunks
+
+
+def _as_dask(x, name, mask=False):
+    """x as a dask array (a NumPy array becomes one block), dtype checked."""
+    if not isinstance(x, da.Array):
+        x = np.asarray(x)
+        x = da.from_array(x, chunks=x.shape or (), name=False) if x.size else da.from_array(x)
+    kind = x.dtype.kind
+    if mask:
+        if x.dtype != np.bool_ and kind != "f":
+            raise TypeError(f"attn_mask must be a bool or real floating array, got dtype "
+                            f"{x.dtype}")
+    elif kind != "f" and x.dtype.name != "bfloat16":
+        raise TypeError(f"{name} must have a real floating dtype (float16, float32 or "
+                        f"float64), got {x.dtype}")
+    if any(math.isnan(c) for cs in x.chunks for c in cs):
+        raise ValueError(f"{name} has unknown chunk sizes (shape {x.shape}): its blocks "
+                         f"cannot be aligned with the other arguments; call "
+                         f"{name}.compute_chunk_sizes() first")
+    return x
+
+
+def _broadcast(shapes, what):
+    try:
+        return tuple(np.broadcast_shapes(*shapes))
+    except ValueError:
+        raise ValueError(f"the leading (batch) dimensions of {what} do not broadcast: "
+                         + ", ".join(str(s) for s in shapes)) from None
+
+
+class _Operand:
+    """A dask array argument and the output axis of each of its dims.
+
+    roles[d] is an int (an axis of the output batch), "L", "S", "kv" (the kv
+    head axis under grouped-query attention) or None (a feature axis: one chunk).
+    """
+
+    def __init__(self, name, arr, roles):
+        self.name, self.arr, self.roles = name, arr, list(roles)
+
+
+def _bounds(chunks):
+    return set(itertools.accumulate((0,) + tuple(chunks)))
+
+
+def _chunks(bounds):
+    b = sorted(bounds)
+    return tuple(y - x for x, y in zip(b[:-1], b[1:])) or (0,)
+
+
+def _align(ops, sizes, group):
+    """Common chunks for each output axis (the union of the block boundaries
+    of the operands that span it; query heads widened to whole GQA groups) and
+    the operands rechunked to them."""
+    bounds = {axis: {0, n} for axis, n in sizes.items()}
+    for op in ops:
+        for d, role in enumerate(op.roles):
+            if role is None:
+                continue
+            if role == "kv":
+                bounds["h"] |= {b * group for b in _bounds(op.arr.chunks[d])}
+            elif op.arr.shape[d] == sizes[role] and sizes[role] != 1:
+                bounds[role] |= _bounds(op.arr.chunks[d])
+    if group > 1:
+        bounds["h"] = {b // group * group for b in bounds["h"]}
+    chunks = {axis: _chunks(b) for axis, b in bounds.items()}
+    for op in ops:
+        want = []
+        for d, role in enumerate(op.roles):
+            n = op.arr.shape[d]
+            if role == "kv":
+                want.append(tuple(c // group for c in chunks["h"]))
+            elif role is None or n != sizes[role] or n == 1:
+                want.append((n,))  # a feature axis or a broadcast one: one block
+            else:
+                want.append(chunks[role])
+        if tuple(want) != op.arr.chunks:
+            op.arr = op.arr.rechunk(tuple(want))
+    return chunks
+
+
+# ----------------------------------------------------------------------------
+# Tasks
+
+
+class _Static:
+    """A task's constant arguments, held in one object that the scheduler
+    passes through untouched (its tuples of slices are not tasks or keys)."""
+
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+
+
+def _block(q, k, v, mask, c):
+    """One (query block, key block) pair: the in-memory attention on the rows
+    and keys that can meet, with return_lse; rows cut off get (0, -inf)."""
+    q, k, v = q[c.q_sl], k[c.kv_sl], v[c.kv_sl]
+    if mask is not None:
+        mask = mask[c.mask_sl]
+    o, lse = fastattn.scaled_dot_product_attention(q, k, v, mask, return_lse=True, **c.kw)
+    before, after = c.pad
+    if before or after:
+        o = np.pad(o, [(0, 0)] * (o.ndim - 2) + [(before, after), (0, 0)])
+        lse = np.pad(lse, [(0, 0)] * (lse.ndim - 1) + [(before, after)],
+                     constant_values=-np.inf)
+    return o, lse
+
+
+def _merge(parts):
+    return fastattn.merge_attention([p[0] for p in parts], [p[1] for p in parts])
+
+
+def _empty(c):
+    """The partial of a query block with no allowed key: o = 0, lse = -inf."""
+    shape = c.shape
+    return np.zeros(shape, np.float32), np.full(shape[:-1], -np.inf, np.float32)
+
+
+def _pick(pair, i):
+    return pair[i]
+
+
+def _meet(i0, i1, j0, j1, off, left, right):
+    """The query rows [ia, ib) and keys [ja, jb) of blocks [i0, i1) x [j0, j1)
+    that can meet under the bounds p_i - left <= j <= p_i + right (p_i = i + off;
+    None = unbounded), or None when no pair does."""
+    ja = j0 if left is None else max(j0, i0 + off - left)
+    jb = j1 if right is None else min(j1, i1 + off + right)
+    if ja >= jb:
+        return None
+    ia = i0 if right is None else max(i0, ja - off - right)
+    ib = i1 if left is None else min(i1, jb - off + left)
+    if ia >= ib:
+        return None
+    return ia, ib, ja, jb
+
+
+# ----------------------------------------------------------------------------
+# The front end
+
+
+def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, window=None,
+                                 scale=None, enable_gqa=False, return_lse=False, out=None,
+                                 split_every=None):
+    """Scaled dot-product attention over Dask arrays, blockwise and exact.
+
+    The same computation, keywords and results as
+    :func:`fastattn.scaled_dot_product_attention`, as a Dask graph: one task per
+    (query block, key block) pair that holds an allowed key, each calling the
+    in-memory function on its blocks, and the partial results of each query
+    block merged with :func:`fastattn.merge_attention` in a tree.
+
+    Parameters
+    ----------
+    q, k, v : dask.array.Array or array_like, real floating dtype
+        Shapes as in :func:`fastattn.scaled_dot_product_attention`:
+        ``q (..., L, D)``, ``k (..., S, D)``, ``v (..., S, Dv)`` (with
+        `enable_gqa`, ``(..., Hq, L, D)`` and ``(..., Hkv, S, .)``). Chunks on the
+        batch, head, L and S axes are free; D and Dv must be one chunk each. A
+        NumPy array is one block. Where several arguments span an axis their
+        chunks are aligned to the union of their block boundaries (a rechunk);
+        under `enable_gqa` query-head blocks are widened to whole groups of
+        ``Hq // Hkv`` heads, so that each reads one block of kv heads.
+    attn_mask : dask.array.Array or array_like of bool or real floating dtype, optional
+        Broadcastable to (..., L, S); chunked along with q (L) and k (S); an
+        axis of length 1 broadcasts without being expanded.
+    is_causal, window, scale, enable_gqa, return_lse
+        As in :func:`fastattn.scaled_dot_product_attention` (bottom-right
+        alignment over the whole L and S: query row ``i`` sits at key position
+        ``i + S - L``).
+    out : None
+        Not supported (the result is lazy); store it with ``dask.array.store``
+        or compute it.
+    split_every : int, optional
+        Partials merged per task in the tree (default 8, at least 2).
+
+    Returns
+    -------
+    out : dask.array.Array, float32, shape (..., L, Dv)
+        Chunked as the aligned batch and L axes of the inputs, Dv one chunk.
+    lse : dask.array.Array, float32, shape (..., L)
+        Only with `return_lse`: returned as ``(out, lse)``.
+
+    Raises
+    ------
+    TypeError
+        As the in-memory function (dtypes, bools, scale), and when `out` is given.
+    ValueError
+        As the in-memory function (shapes, window, scale), and when D or Dv is
+        split into several chunks, an argument has unknown chunk sizes (which
+        cannot be aligned), or `split_every` is not an int >= 2.
+
+    Notes
+    -----
+    Equal to the in-memory result to float32 rounding: each task computes exact
+    attention over its keys and the merge is exact up to rounding. For a given
+    chunking the graph is fixed and every task is deterministic, so the bits do
+    not depend on the scheduler, the number of workers or the threads.
+
+    The causal and window bounds are those of the global positions; a task
+    gets them as a window in its blocks' own frame, and only the query rows
+    and keys of its blocks that can meet. A pair of blocks with no such row
+    and key is not in the graph. Each task holds its blocks of q, k, v and
+    the mask and an output block: worker memory follows the chunk sizes, never
+    L x S.
+
+    Each task uses :func:`fastattn.get_num_threads` threads of the process it
+    runs in: in ``distributed`` worker processes that is 1 unless
+    :func:`set_worker_threads` was called.
+
+    Examples
+    --------
+    >>> import numpy as np, dask.array as da, fastattn, fastattn.dask
+    >>> rng = np.random.default_rng(0)
+    >>> q = rng.standard_normal((2, 64, 16), dtype=np.float32)
+    >>> k = rng.standard_normal((2, 64, 16), dtype=np.float32)
+    >>> v = rng.standard_normal((2, 64, 8), dtype=np.float32)
+    >>> dq, dk, dv = (da.from_array(x, chunks=(1, 16, -1)) for x in (q, k, v))
+    >>> o = fastattn.dask.scaled_dot_product_attention(dq, dk, dv, is_causal=True)
+    >>> o.chunks
+    ((1, 1), (16, 16, 16, 16), (8,))
+    >>> want = fastattn.scaled_dot_product_attention(q, k, v, is_causal=True)
+    >>> bool(np.allclose(o.compute(scheduler="sync"), want, atol=1e-6))
+    True
+    """
+    if out is not None:
+        raise TypeError("out is not supported by fastattn.dask (the result is a lazy dask "
+                        "array): use dask.array.store(result, target) or result.compute()")
+    if split_every is None:
+        split_every = _SPLIT_EVERY
+    if isinstance(split_every, bool) or not isinstance(split_every, (int, np.integer)) \
+            or split_every < 2:
+        raise ValueError(f"split_every must be an int >= 2, got {split_every!r}")
+    q, k, v = (_as_dask(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v")))
+    for arr, name in ((q, "q"), (k, "k"), (v, "v")):
+        if arr.ndim < 2:
+            raise ValueError(f"{name} must have at least 2 dimensions (..., rows, features), "
+                             f"got shape {arr.shape}")
+    L, D = q.shape[-2:]
+    S, Dv = k.shape[-2], v.shape[-1]
+    if D < 1:
+        raise ValueError(f"q must have D >= 1 features (last dimension), got shape {q.shape}")
+    if k.shape[-1] != D:
+        raise ValueError(f"k's last dimension must equal q's D={D}, got k shape {k.shape}")
+    if v.shape[-2] != S:
+        raise ValueError(f"v must have as many rows as k (S={S}), got v shape {v.shape}")
+    for arr, name, what in ((q, "q", "D"), (k, "k", "D"), (v, "v", "Dv")):
+        if len(arr.chunks[-1]) > 1:
+            raise ValueError(f"{name}'s last axis ({what}={arr.shape[-1]}) must be one chunk, "
+                             f"got chunks {arr.chunks[-1]}: use {name}.rechunk({{-1: -1}})")
+    is_causal = as_bool(is_causal, "is_causal")
+    enable_gqa = as_bool(enable_gqa, "enable_gqa")
+    return_lse = as_bool(return_lse, "return_lse")
+    left, right = check_window(window)
+    scale = check_scale(scale, D)
+
+    group = 1
+    if enable_gqa:
+        for arr, name in ((q, "q"), (k, "k"), (v, "v")):
+            if arr.ndim < 3:
+                raise ValueError(f"with enable_gqa=True, {name} must have a head axis "
+                                 f"(..., heads, rows, features), got shape {arr.shape}")
+        Hq, Hkv = q.shape[-3], k.shape[-3]
+        if v.shape[-3] != Hkv:
+            raise ValueError(f"with enable_gqa=True, k and v must have the same number of "
+                             f"heads, got k {k.shape} and v {v.shape}")
+        if Hkv < 1 or Hq % Hkv != 0:
+            raise ValueError(f"with enable_gqa=True, q's heads ({Hq}) must be a multiple of "
+                             f"k's heads ({Hkv} >= 1)")
+        group = max(1, Hq // Hkv)
+        batch = _broadcast([a.shape[:-3] for a in (q, k, v)], "q/k/v") + (Hq,)
+    else:
+        batch = _broadcast([a.shape[:-2] for a in (q, k, v)], "q/k/v")
+    nb = len(batch)
+
+    def roles(arr, tail, heads=None):
+        lead = arr.ndim - len(tail) - (heads is not None)
+        axes = list(range(nb - (heads is not None) - lead, nb - (heads is not None)))
+        return axes + ([heads] if heads is not None else []) + tail
+
+    hq = (nb - 1) if enable_gqa else None
+    ops = [_Operand("q", q, roles(q, ["L", None], hq)),
+           _Operand("k", k, roles(k, ["S", None], "kv" if enable_gqa else None)),
+           _Operand("v", v, roles(v, ["S", None], "kv" if enable_gqa else None))]
+    if attn_mask is not None:
+        mask = _as_dask(attn_mask, "attn_mask", mask=True)
+        target = batch + (L, S)
+        try:
+            ok = mask.ndim >= 2 and np.broadcast_shapes(mask.shape, target) == target
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ValueError(f"attn_mask of shape {mask.shape} does not broadcast to "
+                             f"(..., L, S) = {target}")
+        ops.append(_Operand("attn_mask", mask, roles(mask, ["L", "S"])))
+    sizes = dict(enumerate(batch), L=L, S=S)
+    if enable_gqa:
+        sizes["h"] = sizes.pop(nb - 1)
+        for op in ops:
+            op.roles = ["h" if r == nb - 1 else r for r in op.roles]
+    chunks = _align(ops, sizes, group)
+    axes = [("h" if enable_gqa and a == nb - 1 else a) for a in range(nb)]
+    starts = {axis: [0] + list(itertools.accumulate(c)) for axis, c in chunks.items()}
+
+    # causal and window as bounds p_i - lo <= j <= p_i + hi over global positions
+    hi = right
+    if is_causal:
+        hi = 0 if hi is None else min(hi, 0)
+    lo = None if left is None else min(left, L + S)
+    hi = None if hi is None else min(hi, L + S)
+    off = S - L
+
+    token = tokenize(*(op.arr.name for op in ops), is_causal, lo, hi, scale, enable_gqa,
+                     split_every)
+    name_block = "fastattn-sdpa-block-" + token
+    name_merge = "fastattn-sdpa-merge-" + token
+    name_o, name_lse = "fastattn-sdpa-" + token, "fastattn-sdpa-lse-" + token
+    blocks, merges, outs, lses = {}, {}, {}, {}
+    kw = dict(scale=scale, enable_gqa=enable_gqa)
+    nblocks = [len(chunks[a]) for a in axes]
+    nL, nS = len(chunks["L"]), len(chunks["S"])
+
+    def key_of(op, bidx, i, j):
+        idx = []
+        for d, role in enumerate(op.roles):
+            if len(op.arr.chunks[d]) == 1:
+                idx.append(0)
+            elif role == "L":
+                idx.append(i)
+            elif role == "S":
+                idx.append(j)
+            elif role == "kv":
+                idx.append(bidx[nb - 1])
+            else:
+                idx.append(bidx[axes.index(role)])
+        return (op.arr.name,) + tuple(idx)
+
+    def cut(op, rows, cols):
+        sl = []
+        for d, role in enumerate(op.roles):
+            spans = op.arr.shape[d] == sizes.get(role, -1) and sizes[role] != 1
+            sl.append(rows if role == "L" and spans else cols if role == "S" and spans
+                      else slice(None))
+        return tuple(sl)
+
+    for bidx in itertools.product(*(range(n) for n in nblocks)):
+        bshape = tuple(chunks[a][b] for a, b in zip(axes, bidx))
+        for i in range(nL):
+            i0, i1 = starts["L"][i], starts["L"][i + 1]
+            keys = []
+            for j in range(nS):
+                j0, j1 = starts["S"][j], starts["S"][j + 1]
+                meet = _meet(i0, i1, j0, j1, off, lo, hi)
+                if meet is None:
+                    continue
+                ia, ib, ja, jb = meet
+                delta = ib + off - jb  # global p_i - j0 = local p_i + delta
+                win = (None if lo is None else lo - delta, None if hi is None else hi + delta)
+                rows, cols = slice(ia - i0, ib - i0), slice(ja - j0, jb - j0)
+                args = [key_of(op, bidx, i, j) for op in ops[:3]]
+                mask_key, mask_sl = None, None
+                if len(ops) > 3:
+                    mask_key, mask_sl = key_of(ops[3], bidx, i, j), cut(ops[3], rows, cols)
+                key = (name_block,) + bidx + (i, j)
+                blocks[key] = (_block, *args, mask_key, _Static(
+                    q_sl=cut(ops[0], rows, cols), kv_sl=cut(ops[1], rows, cols), mask_sl=mask_sl,
+                    pad=(ia - i0, i1 - ib),
+                    kw=dict(kw, window=None if win == (None, None) else win)))
+                keys.append(key)
+            level = 0
+            while len(keys) > 1:
+                nxt = []
+                for g in range(0, len(keys), split_every):
+                    key = (name_merge,) + bidx + (i, level, g // split_every)
+                    merges[key] = (_merge, keys[g:g + split_every])
+                    nxt.append(key)
+                keys, level = nxt, level + 1
+            if keys:
+                final = keys[0]
+            else:
+                final = (name_merge,) + bidx + (i, "empty")
+                merges[final] = (_empty, _Static(shape=bshape + (chunks["L"][i], Dv)))
+            outs[(name_o,) + bidx + (i, 0)] = (_pick, final, 0)
+            lses[(name_lse,) + bidx + (i,)] = (_pick, final, 1)
+
+    inputs = [op.arr for op in ops]
+    graph = HighLevelGraph.from_collections(name_block, blocks, dependencies=inputs)
+    layers, deps = dict(graph.layers), dict(graph.dependencies)
+    layers[name_merge], deps[name_merge] = merges, {name_block} | {a.name for a in inputs}
+    layers[name_o], deps[name_o] = outs, {name_block, name_merge}
+    layers[name_lse], deps[name_lse] = lses, {name_block, name_merge}
+    bchunks = tuple(chunks[a] for a in axes)
+    def graph_of(name):
+        other = name_lse if name == name_o else name_o
+        return HighLevelGraph({n: lay for n, lay in layers.items() if n != other},
+                              {n: d for n, d in deps.items() if n != other})
+
+    o = da.Array(graph_of(name_o), name_o,
+                 bchunks + (chunks["L"], (Dv,)), dtype=np.float32,
+                 meta=np.empty((0,) * (nb + 2), np.float32))
+    if not return_lse:
+        return o
+    lse = da.Array(graph_of(name_lse), name_lse,
+                   bchunks + (chunks["L"],), dtype=np.float32,
+                   meta=np.empty((0,) * (nb + 1), np.float32))
+    return o, lse
