@@ -355,13 +355,21 @@ def test_kvcache_uniform_single_call_equals_per_sequence():
             assert np.array_equal(o[b], alone[0])
 
 
-def _paged(rng, k_cache, v_cache, block_size, extra=3):
-    """A shuffled paged copy of a contiguous (B, S, Hkv, D) cache."""
+def _paged(rng, k_cache, v_cache, block_size):
+    """A paged copy of a contiguous (B, S, Hkv, D) cache: sequence b's blocks in
+    its own group of nblk + 1 blocks (one left unused), in reverse order with
+    random neighbours swapped (any run of entries stays within its span + 2)."""
     B, S = k_cache.shape[:2]
     nblk = -(-S // block_size)
-    num_blocks = B * nblk + extra
-    kp, vp = randn(rng, num_blocks, block_size, *k_cache.shape[2:]), randn(rng, num_blocks, block_size, *v_cache.shape[2:])
-    table = rng.permutation(num_blocks)[:B * nblk].reshape(B, nblk).astype(np.int32)
+    num_blocks = B * (nblk + 1)
+    kp = randn(rng, num_blocks, block_size, *k_cache.shape[2:])
+    vp = randn(rng, num_blocks, block_size, *v_cache.shape[2:])
+    order = np.arange(nblk, 0, -1)
+    for i in range(0, nblk - 1, 2):
+        if rng.random() < 0.5:
+            order[i], order[i + 1] = order[i + 1], order[i]
+    table = np.stack([b * (nblk + 1) + order for b in range(B)])
+    table = table.astype(np.int32)
     for b in range(B):
         for t in range(S):
             kp[table[b, t // block_size], t % block_size] = k_cache[b, t]
@@ -369,23 +377,54 @@ def _paged(rng, k_cache, v_cache, block_size, extra=3):
     return kp, vp, table
 
 
+@pytest.mark.parametrize("path", ["in-place", "gather"])
 @pytest.mark.parametrize("block_size", [1, 5, 8])
 @pytest.mark.parametrize("leftpad", [False, True])
-def test_kvcache_paged_equals_contiguous(block_size, leftpad):
+@pytest.mark.parametrize("causal,window_size", [(True, (6, -1)), (False, (-1, -1)),
+                                                (False, (3, 1))])
+def test_kvcache_paged_equals_contiguous(path, block_size, leftpad, causal, window_size,
+                                         monkeypatch):
+    """Pages read in place (blocks as a batch of partials, merged) agree with the
+    contiguous cache to float32 rounding; gathered pages give the same bits."""
     rng = np.random.default_rng(13)
-    c = _cache_case(rng)
+    c = _cache_case(rng, L=3, L_new=2)
     kp, vp, table = _paged(rng, c["k_cache"], c["v_cache"], block_size)
-    cs = np.array([6, 0, 21])
+    if path == "gather":
+        monkeypatch.setattr(fa, "_PAGED_MAX_L", 0)
+    else:  # the in-place path must not fall back to gathering
+        monkeypatch.setattr(fa, "_gather_pages", None)
+    cs = np.array([6, 1, 21])
     lp = np.array([2, 0, 9]) if leftpad else None
-    kw = dict(cache_seqlens=cs, cache_leftpad=lp, causal=True, window_size=(6, -1),
+    kw = dict(cache_seqlens=cs, cache_leftpad=lp, causal=causal, window_size=window_size,
               return_softmax_lse=True)
     o, lse = flash_attn_with_kvcache(c["q"], c["k_cache"], c["v_cache"], c["k"], c["v"], **kw)
     po, plse = flash_attn_with_kvcache(c["q"], kp, vp, c["k"], c["v"], block_table=table, **kw)
-    assert np.array_equal(po, o) and np.array_equal(plse, lse)
+    if path == "gather":
+        assert np.array_equal(po, o) and np.array_equal(plse, lse)
+    else:
+        np.testing.assert_allclose(po, o, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(plse, lse, rtol=1e-6, atol=1e-6)
     for b in range(3):  # the pages now hold the contiguous cache's update
         for t in range(cs[b], cs[b] + 2):
             assert np.array_equal(kp[table[b, t // block_size], t % block_size], c["k_cache"][b, t])
             assert np.array_equal(vp[table[b, t // block_size], t % block_size], c["v_cache"][b, t])
+
+
+def test_kvcache_paged_sparse_blocks_are_gathered():
+    """Blocks spread over far more than their span, or used twice, go through
+    the gather path, with the contiguous result's bits."""
+    rng = np.random.default_rng(19)
+    c = _cache_case(rng, B=1, S=16, L=1, L_new=1)
+    for ids in ([0, 37, 2, 90], [5, 5, 6, 7]):
+        kp, vp = randn(rng, 100, 4, 2, 16), randn(rng, 100, 4, 2, 16)
+        for t in range(16):
+            kp[ids[t // 4], t % 4], vp[ids[t // 4], t % 4] = c["k_cache"][0, t], c["v_cache"][0, t]
+        if len(set(ids)) < 4:  # a block used twice holds the later positions' rows
+            c["k_cache"][0, 0:4], c["v_cache"][0, 0:4] = kp[5], vp[5]
+        kw = dict(cache_seqlens=np.array([16]), causal=True)
+        ref = flash_attn_with_kvcache(c["q"], c["k_cache"], c["v_cache"], **kw)
+        got = flash_attn_with_kvcache(c["q"], kp, vp, block_table=np.array([ids]), **kw)
+        assert np.array_equal(got, ref)
 
 
 @pytest.mark.parametrize("interleaved", [True, False])

@@ -582,6 +582,55 @@ def _arith_rows(rows):
     return None
 
 
+_PAGED_MAX_L = 64  # queries per sequence up to which pages are read in place
+
+
+def _pages_in_place(qb, k_cache, v_cache, row, start, end, causal, window, kw, ob, lseb):
+    """Attention of one sequence's queries qb (L, H, D) over positions [start,
+    end) of a paged cache, reading the pages in place: the blocks between the
+    lowest and highest block id it uses are one (n, Hkv, block_size, D) view,
+    attended as a batch of n partial results under a bool mask (the sequence's
+    positions, causal and window with the sequence's own alignment), then
+    merged with fastattn.merge_attention into ob (H, L, Dv) and lseb (H, L).
+
+    Returns False (nothing done) when this does not pay or does not apply: many
+    queries (the mask is O(L S); gathering costs little next to the attention
+    then), a block used twice, or blocks spread over more than twice their span.
+    """
+    L, bs = qb.shape[0], k_cache.shape[1]
+    S_b = end - start
+    if L > _PAGED_MAX_L or S_b == 0:
+        return False
+    left, right = window
+    if causal:
+        right = 0 if right is None else min(right, 0)
+    # The keys some row may see, counted from `start`: row i sits at S_b - L + i.
+    lo = 0 if left is None else max(0, S_b - L - left)
+    hi = S_b - 1 if right is None else min(S_b - 1, S_b - 1 + right)
+    if hi < lo:
+        return False
+    e0, e1 = (start + lo) // bs, (start + hi) // bs + 1  # the table entries read
+    ids = row[e0:e1]
+    b_lo, b_hi = int(ids.min()), int(ids.max()) + 1
+    n = b_hi - b_lo
+    if n > 2 * ids.size + 2 or np.unique(ids).size != ids.size:
+        return False
+    first = np.full(n, -1, np.int64)  # the position of each block's first row
+    first[ids - b_lo] = np.arange(e0, e1) * bs
+    rel = first[:, None] + np.arange(bs) - start  # (n, bs): key index from `start`
+    mask = ((first >= 0)[:, None] & (rel >= lo) & (rel <= hi))[:, None, :]  # (n, 1, bs)
+    p = (np.arange(L) + S_b - L)[:, None]  # (L, 1)
+    if left is not None:
+        mask = mask & (rel[:, None, :] >= p - left)
+    if right is not None:
+        mask = mask & (rel[:, None, :] <= p + right)
+    po, plse = fastattn.scaled_dot_product_attention(
+        _bhld(qb), k_cache[b_lo:b_hi].swapaxes(1, 2), v_cache[b_lo:b_hi].swapaxes(1, 2),
+        attn_mask=mask[:, None], enable_gqa=True, return_lse=True, **kw)
+    _, lseb[...] = fastattn.merge_attention(po, plse, out=ob)
+    return True
+
+
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
                             rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
                             cache_leftpad=None, block_table=None, softmax_scale=None,
@@ -684,9 +733,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     checked: `cache_leftpad` also works with a paged cache, rotary_dim need
     only be even, and any block size is accepted.
 
-    The cache is read in place when every sequence uses the same key range
-    and the rows form a regular slice (a single call); otherwise one call per
-    sequence. A paged cache is gathered (copied) per call.
+    A contiguous cache is read in place: in one call when every sequence uses
+    the same key range and the rows form a regular slice, else one call per
+    sequence. A paged cache is read in place for up to 64 queries per
+    sequence without ALiBi (the blocks a sequence uses, as one batch of
+    partial results under a mask, merged with :func:`fastattn.merge_attention`:
+    equal to the contiguous result to float32 rounding, not bitwise), else
+    its blocks are gathered (copied) per call.
 
     Examples
     --------
@@ -847,6 +900,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             return_lse=True, out=o, **_core_options(causal, window, scale, cap, alibi))
     else:
         for b in range(B):
+            if paged and alibi is None and _pages_in_place(
+                    q[b], k_cache, v_cache, table[b], int(start[b]), int(end[b]), causal, window,
+                    _core_options(False, (None, None), scale, cap, None), o[b], lse[b]):
+                continue
             if paged:
                 kb = _gather_pages(k_cache, table[b], int(start[b]), int(end[b]))
                 vb = _gather_pages(v_cache, table[b], int(start[b]), int(end[b]))
