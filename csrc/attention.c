@@ -142,19 +142,31 @@ void fa_finish_rows(const fa_attn_args *a, const fa_unit *u, int64_t Dvp, const 
     }
 }
 
+/* 1 if batch items b and c read the same k and v (and pages). */
+static int same_kv(const fa_attn_args *a, int64_t b, int64_t c)
+{
+    return a->k_off[b] == a->k_off[c] && a->v_off[b] == a->v_off[c]
+           && (!a->block_table || a->bt_off[b] == a->bt_off[c]);
+}
+
 /* The number of consecutive batch items that share k and v (GQA groups, MQA
  * broadcast), if the whole batch is made of such groups; else 1. */
 static int64_t kv_group(const fa_attn_args *a)
 {
     int64_t g = 1, b;
-    while (g < a->nbatch && a->k_off[g] == a->k_off[0] && a->v_off[g] == a->v_off[0])
+    while (g < a->nbatch && same_kv(a, g, 0))
         g++;
     if (a->nbatch % g != 0)
         return 1;
     for (b = 0; b < a->nbatch; b++)
-        if (a->k_off[b] != a->k_off[b - b % g] || a->v_off[b] != a->v_off[b - b % g])
+        if (!same_kv(a, b, b - b % g))
             return 1;
     return g;
+}
+
+static int valid_dtype(int dt)
+{
+    return dt == FA_DTYPE_F32 || dt == FA_DTYPE_F16 || dt == FA_DTYPE_BF16;
 }
 
 static int check_args(const fa_attn_args *a, int nthreads)
@@ -168,6 +180,21 @@ static int check_args(const fa_attn_args *a, int nthreads)
             return FA_ERR_ARG;
         if (a->S > 0 && (!a->k || (a->Dv > 0 && !a->v)))
             return FA_ERR_ARG;
+    }
+    if (!valid_dtype(a->k_dtype) || !valid_dtype(a->v_dtype))
+        return FA_ERR_ARG;
+    if (a->block_table && a->nbatch > 0 && a->L > 0 && a->S > 0) {
+        /* every page a row j < S lies in exists; a tile never straddles pages */
+        const int64_t pages = (a->S + a->block_size - 1) / (a->block_size > 0 ? a->block_size : 1);
+        int64_t b, p;
+        if (a->block_size < FA_BK || a->block_size % FA_BK != 0 || !a->bt_off)
+            return FA_ERR_ARG;
+        for (b = 0; b < a->nbatch; b++)
+            for (p = 0; p < pages; p++) {
+                const int32_t pg = a->block_table[a->bt_off[b] + p];
+                if (pg < 0 || pg >= a->num_pages)
+                    return FA_ERR_ARG;
+            }
     }
     if (a->mask_kind != FA_MASK_NONE && a->mask_kind != FA_MASK_BOOL
         && a->mask_kind != FA_MASK_FLOAT)

@@ -8,12 +8,14 @@
 
 static const fa_kernel_table *fa_active = NULL;
 
-/* 1 if this CPU (and OS) can run the AVX2 + FMA variant. */
+/* 1 if this CPU (and OS) can run the AVX2 + FMA + F16C variant (every AVX2
+ * CPU has F16C, which converts float16 k and v). */
 static int fa_cpu_has_avx2(void)
 {
 #if defined(FA_HAVE_X86_VARIANTS)
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")
+           && __builtin_cpu_supports("f16c");
 #else
     return 0;
 #endif

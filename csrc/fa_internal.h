@@ -8,7 +8,10 @@
 #ifndef FA_INTERNAL_H
 #define FA_INTERNAL_H
 
+#include "fastattn.h"
+
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -106,6 +109,86 @@ static inline FA_TARGET float fa_exp2f(float x)
     f = xc - n;
     p = 1.0f + f * (c1 + f * (c2 + f * (c3 + f * (c4 + f * (c5 + f * (c6 + f * c7))))));
     return not_nan ? fa_scale_pow2(p, y) : x;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Element types of k and v (FA_DTYPE_*): the conversions every variant uses.  */
+
+#if defined(__GNUC__) || defined(__clang__)
+#define FA_ALWAYS_INLINE inline __attribute__((always_inline))
+#elif defined(_MSC_VER)
+#define FA_ALWAYS_INLINE __forceinline
+#else
+#define FA_ALWAYS_INLINE inline
+#endif
+
+/* Bytes per element of dtype dt. */
+static inline size_t fa_dtype_size(int dt)
+{
+    return dt == FA_DTYPE_F32 ? 4u : 2u;
+}
+
+static inline FA_TARGET float fa_bits_f32(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* bfloat16 -> float32: exact (the bfloat16 bits are the top half of the float). */
+static inline FA_TARGET float fa_bf16_to_f32(uint16_t h)
+{
+    return fa_bits_f32((uint32_t)h << 16);
+}
+
+/*
+ * IEEE binary16 -> float32, exact for every input, branch-free (so it
+ * vectorises): normal numbers re-biased (15 -> 127), subnormals as the exact
+ * product m * 2**-24 (no float32 subnormal is involved, so flush-to-zero modes
+ * cannot change it), inf and NaN with their sign and payload, as numpy's
+ * float16 -> float32 cast gives.
+ */
+static inline FA_TARGET float fa_f16_to_f32(uint16_t h)
+{
+    const uint32_t sign = ((uint32_t)h & 0x8000u) << 16;
+    const uint32_t em = (uint32_t)h & 0x7FFFu;
+    const uint32_t normal = (em << 13) + 0x38000000u; /* exponent + (127 - 15) */
+    const uint32_t special = (em << 13) | 0x7F800000u;
+    const float subf = (float)(int32_t)em * 5.9604644775390625e-8f; /* em * 2**-24 */
+    uint32_t sub, bits;
+    memcpy(&sub, &subf, sizeof sub);
+    bits = em >= 0x7C00u ? special : (em >= 0x0400u ? normal : sub);
+    return fa_bits_f32(sign | bits);
+}
+
+/* Element i of p, of dtype dt, as a float32 (exact). */
+static FA_ALWAYS_INLINE FA_TARGET float fa_load_elem(const void *p, int64_t i, int dt)
+{
+    if (dt == FA_DTYPE_F32)
+        return ((const float *)p)[i];
+    if (dt == FA_DTYPE_F16)
+        return fa_f16_to_f32(((const uint16_t *)p)[i]);
+    return fa_bf16_to_f32(((const uint16_t *)p)[i]);
+}
+
+/*
+ * Where key tile [j0, j0 + FA_BK) of batch item b starts in k (v: v != 0): a
+ * pointer to key row j0, whose rows follow each other a->k_rs (a->v_rs)
+ * elements apart. A tile never straddles two pages (block_size is a multiple
+ * of the tile, checked in attention.c), so paging costs one look-up per tile.
+ */
+static inline const void *fa_kv_tile(const fa_attn_args *a, int64_t b, int v, int64_t j0)
+{
+    const int dt = v ? a->v_dtype : a->k_dtype;
+    const int64_t rs = v ? a->v_rs : a->k_rs;
+    int64_t off = (v ? a->v_off : a->k_off)[b];
+    if (a->block_table) {
+        const int64_t page = a->block_table[a->bt_off[b] + j0 / a->block_size];
+        off += page * (v ? a->v_ps : a->k_ps) + (j0 % a->block_size) * rs;
+    } else {
+        off += j0 * rs;
+    }
+    return (const char *)(v ? a->v : a->k) + off * (int64_t)fa_dtype_size(dt);
 }
 
 /* Threads actually used for `work` units (e.g. multiply-adds), given a cap. */

@@ -1,8 +1,8 @@
 /*
  * fastattn.h -- the C contract of fastattn's kernels (the one header Cython sees).
  *
- * Every kernel works on C-contiguous float32 buffers described by int64 sizes and
- * element offsets/strides, returns an int status (FA_OK or a negative FA_ERR_*),
+ * Every kernel works on float32 buffers (attention's k and v may also be float16
+ * or bfloat16) described by int64 sizes and element offsets/strides, returns an int status (FA_OK or a negative FA_ERR_*),
  * never prints, aborts or touches Python, and frees everything it allocates.
  */
 #ifndef FASTATTN_H
@@ -38,11 +38,29 @@ extern "C" {
 int fa_rowwise_f32(const float *x, float *out, int64_t nrows, int64_t n, int op,
                    int nthreads);
 
+/* Element types of k and v (fa_attn_args.k_dtype, v_dtype). Half-precision
+ * elements are converted exactly to float32 where the kernels read them. */
+#define FA_DTYPE_F32 0  /* float32 */
+#define FA_DTYPE_F16 1  /* IEEE 754 binary16 (numpy.float16), as uint16 bits */
+#define FA_DTYPE_BF16 2 /* bfloat16 (the top 16 bits of a float32), as uint16 bits */
+
 /*
  * Scaled dot-product attention over nbatch independent (L, S) problems.
- * Batch item b reads q + q_off[b] (L x D, row-major), k + k_off[b] (S x D),
- * v + v_off[b] (S x Dv) and mask element (i, j) at mask_off[b] + i * mask_sl +
- * j * mask_ss (strides may be 0: broadcast masks are read in place).
+ *
+ * Offsets and strides count elements (of float32 for q, of k_dtype / v_dtype
+ * for k / v) and may be negative or zero; only the feature axis must be
+ * contiguous. Batch item b reads query row i at q + q_off[b] + i * q_rs (D
+ * floats), key row j at k + k_off[b] + j * k_rs (D elements) and value row j at
+ * v + v_off[b] + j * v_rs (Dv elements), and mask element (i, j) at
+ * mask_off[b] + i * mask_sl + j * mask_ss (strides may be 0: broadcast masks
+ * are read in place).
+ *
+ * Paged k and v (block_table != NULL; FlashAttention's block_table): key and
+ * value row j of batch item b lie in page pg = block_table[bt_off[b] + j /
+ * block_size], at k + pg * k_ps + k_off[b] + (j % block_size) * k_rs (v
+ * likewise with v_ps, v_off, v_rs). block_size must be a positive multiple of
+ * 64 (the key tile); every entry used (j < S) must lie in [0, num_pages).
+ *
  * Query row i sits at key position p = i + S - L (bottom-right alignment); key j
  * is allowed iff the bool mask is true, !is_causal || j <= p,
  * win_left < 0 || j >= p - win_left and win_right < 0 || j <= p + win_right.
@@ -50,11 +68,17 @@ int fa_rowwise_f32(const float *x, float *out, int64_t nrows, int64_t n, int op,
 typedef struct {
     int64_t nbatch, L, S, D, Dv;
     const float *q;
-    const float *k;
-    const float *v;
+    const void *k;
+    const void *v;
+    int k_dtype, v_dtype;      /* FA_DTYPE_*; k and v may differ */
     const int64_t *q_off;
     const int64_t *k_off;
     const int64_t *v_off;
+    int64_t q_rs, k_rs, v_rs;  /* row strides along L (q) and S (k, v) */
+    const int32_t *block_table; /* NULL: k and v are not paged */
+    const int64_t *bt_off;     /* per batch item: the start of its row of block_table */
+    int64_t block_size, num_pages;
+    int64_t k_ps, v_ps;        /* page strides */
     int mask_kind;
     const uint8_t *bool_mask;  /* FA_MASK_BOOL */
     const float *float_mask;   /* FA_MASK_FLOAT */

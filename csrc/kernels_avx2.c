@@ -1,4 +1,4 @@
-/* The AVX2 + FMA kernels: kernels.inc compiled for that target by attribute
+/* The AVX2 + FMA (+ F16C) kernels: kernels.inc compiled for that target by attribute
  * (so the rest of the build stays baseline), with an intrinsics micro-kernel;
  * chosen at run time by dispatch.c. */
 #include "fa_kernels.h"
@@ -7,10 +7,12 @@
 #include <immintrin.h>
 #include <math.h>
 
-#define FA_TARGET __attribute__((target("avx2,fma")))
+#define FA_TARGET __attribute__((target("avx2,fma,f16c")))
 #define FA_NAME(x) x##_avx2
 #define FA_VARIANT_NAME "avx2"
 #define FA_MR 6
+
+#include "fa_internal.h" /* its helpers compiled for this target */
 
 /* One 6 x 16 block of C = A . B in twelve ymm accumulators, one fused
  * multiply-add per element and step of d, d ascending. */
@@ -182,20 +184,35 @@ static FA_TARGET double tile_exp_avx2(float *s, float m)
     return (double)hsum_avx2(sum);
 }
 
-/* kt[d * FA_BK + jj] = k[j0 + jj, d] (zero for jj >= nk): the key tile
- * transposed in 8 x 8 blocks of registers. */
-#define FA_HAVE_PACK_KT 1
-static FA_TARGET void pack_kt_avx2(const float *k, int64_t D, int64_t j0, int64_t nk, float *kt)
+/* Eight elements at p of dtype dt (a constant at each call) as float32:
+ * F16C's exact float16 conversion, bfloat16 by a shift into the top half. */
+static FA_ALWAYS_INLINE FA_TARGET __m256 load8_avx2(const void *p, int dt)
 {
+    if (dt == FA_DTYPE_F32)
+        return _mm256_loadu_ps((const float *)p);
+    if (dt == FA_DTYPE_F16)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+
+/* kt[d * FA_BK + jj] = k row jj, element d (k: key row j0, rows rs elements of
+ * dtype dt apart), converted to float32, zero for jj >= nk: the key tile
+ * transposed in 8 x 8 blocks of registers. */
+static FA_ALWAYS_INLINE FA_TARGET void pack_kt_dt_avx2(const void *k, int dt, int64_t rs,
+                                                       int64_t D, int64_t nk, float *kt)
+{
+    const int64_t esz = (int64_t)fa_dtype_size(dt);
+    const char *base = (const char *)k;
     int64_t jb, d, jj;
+#define FA_ROW(r) (base + ((jb + (r)) * rs + d) * esz)
     for (jb = 0; jb < FA_BK; jb += 8) {
         if (jb + 8 <= nk) {
-            const float *src = k + (j0 + jb) * D;
             for (d = 0; d + 8 <= D; d += 8) {
-                __m256 r0 = _mm256_loadu_ps(src + d), r1 = _mm256_loadu_ps(src + D + d);
-                __m256 r2 = _mm256_loadu_ps(src + 2 * D + d), r3 = _mm256_loadu_ps(src + 3 * D + d);
-                __m256 r4 = _mm256_loadu_ps(src + 4 * D + d), r5 = _mm256_loadu_ps(src + 5 * D + d);
-                __m256 r6 = _mm256_loadu_ps(src + 6 * D + d), r7 = _mm256_loadu_ps(src + 7 * D + d);
+                __m256 r0 = load8_avx2(FA_ROW(0), dt), r1 = load8_avx2(FA_ROW(1), dt);
+                __m256 r2 = load8_avx2(FA_ROW(2), dt), r3 = load8_avx2(FA_ROW(3), dt);
+                __m256 r4 = load8_avx2(FA_ROW(4), dt), r5 = load8_avx2(FA_ROW(5), dt);
+                __m256 r6 = load8_avx2(FA_ROW(6), dt), r7 = load8_avx2(FA_ROW(7), dt);
                 __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
                 __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
                 __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
@@ -216,13 +233,59 @@ static FA_TARGET void pack_kt_avx2(const float *k, int64_t D, int64_t j0, int64_
             }
             for (; d < D; d++)
                 for (jj = 0; jj < 8; jj++)
-                    kt[d * FA_BK + jb + jj] = src[jj * D + d];
+                    kt[d * FA_BK + jb + jj] = fa_load_elem(base + (jb + jj) * rs * esz, d, dt);
         } else {
             for (jj = jb; jj < jb + 8; jj++)
                 for (d = 0; d < D; d++)
-                    kt[d * FA_BK + jj] = jj < nk ? k[(j0 + jj) * D + d] : 0.0f;
+                    kt[d * FA_BK + jj] = jj < nk ? fa_load_elem(base + jj * rs * esz, d, dt)
+                                                 : 0.0f;
         }
     }
+#undef FA_ROW
+}
+
+#define FA_HAVE_PACK_KT 1
+static FA_TARGET void pack_kt_avx2(const void *k, int dt, int64_t rs, int64_t D, int64_t nk,
+                                   float *kt)
+{
+    if (dt == FA_DTYPE_F16)
+        pack_kt_dt_avx2(k, FA_DTYPE_F16, rs, D, nk, kt);
+    else if (dt == FA_DTYPE_BF16)
+        pack_kt_dt_avx2(k, FA_DTYPE_BF16, rs, D, nk, kt);
+    else
+        pack_kt_dt_avx2(k, FA_DTYPE_F32, rs, D, nk, kt);
+}
+
+/* dst[0..n) = src[0..n) (dtype dt) converted to float32, eight at a time;
+ * 1 if all are finite. */
+static FA_ALWAYS_INLINE FA_TARGET int load_row_dt_avx2(const void *src, int dt, int64_t n,
+                                                       float *dst)
+{
+    const int64_t esz = (int64_t)fa_dtype_size(dt);
+    __m256 bad = _mm256_setzero_ps();
+    int badt = 0;
+    int64_t d;
+    for (d = 0; d + 8 <= n; d += 8) {
+        const __m256 x = load8_avx2((const char *)src + d * esz, dt);
+        _mm256_storeu_ps(dst + d, x);
+        bad = _mm256_or_ps(bad, _mm256_sub_ps(x, x)); /* NaN lanes for inf and NaN */
+    }
+    for (; d < n; d++) {
+        const float x = fa_load_elem(src, d, dt), z = x - x;
+        dst[d] = x;
+        badt |= (z != z);
+    }
+    return !badt && !_mm256_movemask_ps(_mm256_cmp_ps(bad, bad, _CMP_UNORD_Q));
+}
+
+#define FA_HAVE_LOAD_ROW 1
+static FA_TARGET int load_row_avx2(const void *src, int dt, int64_t n, float *dst)
+{
+    if (dt == FA_DTYPE_F16)
+        return load_row_dt_avx2(src, FA_DTYPE_F16, n, dst);
+    if (dt == FA_DTYPE_BF16)
+        return load_row_dt_avx2(src, FA_DTYPE_BF16, n, dst);
+    return load_row_dt_avx2(src, FA_DTYPE_F32, n, dst);
 }
 
 /* Lanes [0, n) of eight (n < 8), as a mask for maskload / maskstore. */

@@ -52,7 +52,8 @@ export HYPOTHESIS_PROFILE=fastattn-sanitize   # fewer examples (tests/conftest.p
 # Kernel-heavy tests; the Python-only ones (docstrings, CLI, errors) add nothing here.
 TESTS=(tests/test_attention.py tests/test_softmax.py tests/test_masking.py tests/test_out.py
        tests/test_threads.py tests/test_regressions.py tests/test_simd.py
-       tests/test_properties.py tests/test_hypothesis_attention.py tests/test_concurrency.py)
+       tests/test_properties.py tests/test_hypothesis_attention.py tests/test_concurrency.py
+       tests/test_kv_dtypes.py)
 
 "$PY" -c "import fastattn, sys; c = fastattn.show_config(print_=False); \
 assert fastattn._core.__file__.startswith('$WORK'), fastattn._core.__file__; print(c)"

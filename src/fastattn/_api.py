@@ -317,24 +317,40 @@ del _f
 
 
 def _strides(arr, ndim):
-    """Element strides of C-contiguous `arr` broadcast to `ndim` dimensions (its
-    axes right-aligned; 0 on length-1 axes, which broadcast)."""
+    """Element strides of `arr` broadcast to `ndim` dimensions (its axes
+    right-aligned; 0 on length-1 axes, which broadcast). Any strides that are
+    whole elements (see fastattn._validate.rows_in_place)."""
     strides = [0] * ndim
-    step = 1
+    size = arr.itemsize
     for axis in range(1, arr.ndim + 1):
-        n = arr.shape[-axis]
-        strides[-axis] = 0 if n == 1 else step
-        step *= n
+        if arr.shape[-axis] != 1:
+            strides[-axis] = arr.strides[-axis] // size
     return strides
+
+
+def _row_stride(arr):
+    """Element stride between the rows of `arr` (its axis -2)."""
+    return 0 if arr.shape[-2] == 1 else arr.strides[-2] // arr.itemsize
 
 
 def _offsets(arr, batch, group=1):
     """Element offset of `arr`'s trailing 2-d block for each item of `batch`
-    (flattened in C order), `arr` broadcast over it. With group > 1 (GQA) arr's
-    head axis has batch[-1] // group heads and query head h reads head
-    h // group: an index map, k and v are never repeated."""
+    (flattened in C order), `arr` broadcast over it, from its element
+    [0, ..., 0]. With group > 1 (GQA) arr's head axis has batch[-1] // group
+    heads and query head h reads head h // group: an index map, k and v are
+    never repeated."""
     strides = _strides(arr, len(batch) + 2)[:-2]
     return _core.block_offsets(tuple(batch), strides, group)
+
+
+def _kv_operand(arr):
+    """(array the kernel reads, its dtype code): k or v as stored (bfloat16 as
+    its uint16 bits, which NumPy's buffer protocol can export)."""
+    if arr.dtype == np.float32:
+        return arr, _core.DTYPE_F32
+    if arr.dtype == np.float16:
+        return arr, _core.DTYPE_F16
+    return arr.view(np.uint16), _core.DTYPE_BF16
 
 
 def _run_attention(a, result, lse=None, weights=False):
@@ -351,10 +367,13 @@ def _run_attention(a, result, lse=None, weights=False):
         flat_mask = flat.view(np.uint8) if flat.dtype == np.bool_ else flat
     left, right = a.window
     v = a.v if a.v is not None else np.zeros((1, 0), np.float32)
+    k_arr, k_dtype = _kv_operand(a.k)
+    v_arr, v_dtype = _kv_operand(v)
     _core.attention(
-        a.q.reshape(-1), a.k.reshape(-1), v.reshape(-1),
+        a.q, k_arr, v_arr, k_dtype, v_dtype,
         _offsets(a.q, a.batch), _offsets(a.k, a.batch, a.group),
         _offsets(v, a.batch, a.group) if a.v is not None else np.zeros(nbatch, np.int64),
+        _row_stride(a.q), _row_stride(a.k), _row_stride(v),
         nbatch, a.L, a.S, a.D, a.Dv,
         flat_mask, mask_off, mask_sl, mask_ss, a.is_causal,
         -1 if left is None else left, -1 if right is None else right,
@@ -382,10 +401,13 @@ _ATTENTION_RULES = """
     NaN); m = +inf gives a NaN row and lse +inf.
 
     The kernels compute in float32 (dot products accumulated in float32,
-    sums of weights in float64): a score whose magnitude exceeds the float32
-    range (about 3.4e38, e.g. ``q . k`` of entries near 1e20) becomes +-inf
-    and the rules above apply, where the float64 reference still has a
-    finite score.
+    sums of weights in float64). float16 and bfloat16 elements of k and v
+    are converted to float32 exactly, where the kernels read them (once per
+    element and tile), so a result is bitwise that of the same call on
+    ``k.astype(np.float32)`` and ``v.astype(np.float32)``. A score whose
+    magnitude exceeds the float32 range (about 3.4e38, e.g. ``q . k`` of
+    entries near 1e20) becomes +-inf and the rules above apply, where the
+    float64 reference still has a finite score.
 """
 
 
@@ -399,14 +421,21 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, wi
     Parameters
     ----------
     q : array_like, shape (..., L, D), real floating dtype
-        Queries; with `enable_gqa`, shape (..., Hq, L, D).
+        Queries; with `enable_gqa`, shape (..., Hq, L, D). Converted to
+        float32 (float16 and bfloat16 too).
     k : array_like, shape (..., S, D), real floating dtype
         Keys; with `enable_gqa`, shape (..., Hkv, S, D).
     v : array_like, shape (..., S, Dv), real floating dtype
         Values; with `enable_gqa`, shape (..., Hkv, S, Dv).
         The leading dims of q, k and v broadcast by NumPy rules (``k`` of shape
-        (B, 1, S, D) serves every head: multi-query attention). All are
-        converted to float32 (no copy when already C-contiguous float32).
+        (B, 1, S, D) serves every head: multi-query attention). k and v of
+        dtype float32, float16 or bfloat16 (``ml_dtypes.bfloat16``, when
+        ml_dtypes is installed) are read as stored, a half-precision KV cache
+        at half the memory traffic; k and v may differ in dtype. float64 is
+        converted to float32. Any q, k, v whose rows (last axis) are
+        contiguous are read in place whatever their other strides: a
+        ``(B, L, H, D)`` array viewed as ``(B, H, L, D)`` with
+        ``swapaxes(-3, -2)`` is not copied. Others are copied once.
     attn_mask : array_like of bool or real floating dtype, optional
         Broadcastable to (..., L, S). Bool: True = may attend. Float: added
         to the scores (-inf masks). Read in place, with zero strides where

@@ -1,5 +1,5 @@
 # Declarations of the C contract (csrc/fastattn.h), for fastattn/_core.pyx.
-from libc.stdint cimport int64_t, uint8_t
+from libc.stdint cimport int32_t, int64_t, uint8_t
 
 cdef extern from "fastattn.h" nogil:
     int FA_OK
@@ -12,15 +12,24 @@ cdef extern from "fastattn.h" nogil:
     int FA_MASK_NONE
     int FA_MASK_BOOL
     int FA_MASK_FLOAT
+    int FA_DTYPE_F32
+    int FA_DTYPE_F16
+    int FA_DTYPE_BF16
 
     ctypedef struct fa_attn_args:
         int64_t nbatch, L, S, D, Dv
         const float *q
-        const float *k
-        const float *v
+        const void *k
+        const void *v
+        int k_dtype, v_dtype
         const int64_t *q_off
         const int64_t *k_off
         const int64_t *v_off
+        int64_t q_rs, k_rs, v_rs
+        const int32_t *block_table
+        const int64_t *bt_off
+        int64_t block_size, num_pages
+        int64_t k_ps, v_ps
         int mask_kind
         const uint8_t *bool_mask
         const float *float_mask

@@ -2,11 +2,14 @@
 """Thin nogil wrappers over the C kernels in csrc/ (see csrc/fastattn.h).
 
 Every argument arrives validated and shaped by fastattn._api: 1-d C-contiguous
-float32 / uint8 / int64 buffers and Python ints. Each wrapper releases the GIL
+float32 / uint8 / int64 buffers and Python ints (attention's q, k and v: arrays
+of any strides, read in place from their first element). Each wrapper releases the GIL
 for the one C call and maps the returned status to an exception in _check.
 """
+from cpython.buffer cimport PyBUF_STRIDES, PyBuffer_Release, PyObject_GetBuffer
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
-from libc.stdint cimport int64_t, uint8_t
+from libc.stdint cimport int32_t, int64_t, uint8_t
+from libc.string cimport memset
 
 import numpy as np
 
@@ -80,39 +83,76 @@ def block_offsets(tuple batch, strides, int64_t group):
     return out
 
 
-def attention(const float[::1] q, const float[::1] k, const float[::1] v,
+DTYPE_F32 = FA_DTYPE_F32
+DTYPE_F16 = FA_DTYPE_F16
+DTYPE_BF16 = FA_DTYPE_BF16
+
+
+cdef int _get(object arr, Py_buffer *view) except -1:
+    # Strided, read-only access: view.buf is the address of element [0, ..., 0].
+    PyObject_GetBuffer(arr, view, PyBUF_STRIDES)
+    return 0
+
+
+def attention(q, k, v, int k_dtype, int v_dtype,
               const int64_t[::1] q_off, const int64_t[::1] k_off,
-              const int64_t[::1] v_off, int64_t nbatch, int64_t L, int64_t S,
+              const int64_t[::1] v_off, int64_t q_rs, int64_t k_rs, int64_t v_rs,
+              int64_t nbatch, int64_t L, int64_t S,
               int64_t D, int64_t Dv, mask, const int64_t[::1] mask_off,
               int64_t mask_sl, int64_t mask_ss, bint is_causal,
               int64_t win_left, int64_t win_right, float scale,
-              float[::1] out, lse, int nthreads, bint weights=False):
+              float[::1] out, lse, int nthreads, bint weights=False,
+              block_table=None, bt_off=None, int64_t block_size=0, int64_t num_pages=0,
+              int64_t k_ps=0, int64_t v_ps=0):
     """SDPA (weights=False: out is (nbatch*L*Dv), lse None or (nbatch*L)) or the
     attention weights (weights=True: out is (nbatch*L*S)).
 
+    q, k, v: arrays (any buffer) whose element [0, ..., 0] the offsets count
+    from, in elements: q float32, k and v of k_dtype / v_dtype (DTYPE_F32, or
+    DTYPE_F16 / DTYPE_BF16 as uint16 bits). Row i of batch item b of q is at
+    q_off[b] + i * q_rs, and likewise for k and v (row strides k_rs, v_rs).
     mask is None, a 1-d uint8 array (bool mask) or a 1-d float32 array.
+    Paged k and v: block_table (1-d int32), bt_off (int64 per batch item: the
+    start of its row of block_table), block_size (a multiple of 64),
+    num_pages (every entry used must be below it) and the page strides k_ps,
+    v_ps: see fa_attn_args in csrc/fastattn.h. The kernel checks the table
+    and raises ValueError for an entry out of range.
     """
     cdef fa_attn_args a
     cdef const uint8_t[::1] bmask
     cdef const float[::1] fmask
+    cdef const int32_t[::1] bt_view
+    cdef const int64_t[::1] bt_off_view
     cdef float[::1] lse_view
     cdef float *lse_ptr = NULL
-    cdef int status
+    cdef Py_buffer qb, kb, vb
+    cdef int status = FA_OK, held = 0
+    memset(&a, 0, sizeof(a))
     a.nbatch = nbatch
     a.L = L
     a.S = S
     a.D = D
     a.Dv = Dv
-    a.q = _fptr(q)
-    a.k = _fptr(k)
-    a.v = _fptr(v)
+    a.k_dtype = k_dtype
+    a.v_dtype = v_dtype
     a.q_off = _iptr(q_off)
     a.k_off = _iptr(k_off)
     a.v_off = _iptr(v_off)
+    a.q_rs = q_rs
+    a.k_rs = k_rs
+    a.v_rs = v_rs
+    if block_table is not None:
+        bt_view = block_table
+        bt_off_view = bt_off
+        a.block_table = &bt_view[0] if bt_view.shape[0] > 0 else NULL
+        a.bt_off = _iptr(bt_off_view)
+        a.block_size = block_size
+        a.num_pages = num_pages
+        a.k_ps = k_ps
+        a.v_ps = v_ps
+        if a.block_table == NULL and nbatch > 0 and L > 0 and S > 0:
+            raise ValueError("block_table is empty")
     a.mask_kind = FA_MASK_NONE
-    a.bool_mask = NULL
-    a.float_mask = NULL
-    a.mask_off = NULL
     a.mask_sl = mask_sl
     a.mask_ss = mask_ss
     if mask is not None:
@@ -132,11 +172,31 @@ def attention(const float[::1] q, const float[::1] k, const float[::1] v,
     if lse is not None:
         lse_view = lse
         lse_ptr = _wptr(lse_view)
-    with nogil:
-        if weights:
-            status = fa_attention_weights_f32(&a, _wptr(out), nthreads)
-        else:
-            status = fa_sdpa_f32(&a, _wptr(out), lse_ptr, nthreads)
+    try:
+        _get(q, &qb)
+        held = 1
+        _get(k, &kb)
+        held = 2
+        _get(v, &vb)
+        held = 3
+        a.q = <const float *>qb.buf
+        a.k = kb.buf
+        a.v = vb.buf
+        with nogil:
+            if weights:
+                status = fa_attention_weights_f32(&a, _wptr(out), nthreads)
+            else:
+                status = fa_sdpa_f32(&a, _wptr(out), lse_ptr, nthreads)
+    finally:
+        if held >= 3:
+            PyBuffer_Release(&vb)
+        if held >= 2:
+            PyBuffer_Release(&kb)
+        if held >= 1:
+            PyBuffer_Release(&qb)
+    if status == FA_ERR_ARG and block_table is not None:
+        raise ValueError("block_table: an entry is outside the cache's pages, or block_size "
+                         "is not a positive multiple of 64")
     _check(status)
 
 

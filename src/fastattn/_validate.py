@@ -8,6 +8,7 @@ argument, what was seen and what was expected (SPEC sections 1-3).
 import math
 import numbers
 import operator
+import sys
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
@@ -21,11 +22,23 @@ except ImportError:  # pragma: no cover - older numpy
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
-def as_float32(x, name):
-    """`x` as a C-contiguous float32 array; no copy when it already is one.
+def is_bfloat16(dtype):
+    """True for ml_dtypes' bfloat16 (NumPy's bfloat16 type, as JAX uses). A
+    bfloat16 array exists only once ml_dtypes is imported, so it is never
+    imported here."""
+    if dtype.kind != "V" or dtype.name != "bfloat16":
+        return False
+    ml_dtypes = sys.modules.get("ml_dtypes")
+    return ml_dtypes is not None and dtype == ml_dtypes.bfloat16
 
-    Raises TypeError unless `x` converts to a real floating dtype.
-    """
+
+def is_half(dtype):
+    """True for the half-precision dtypes attention reads in place as k and v."""
+    return dtype == np.float16 or is_bfloat16(dtype)
+
+
+def _real_array(x, name):
+    """`x` as an ndarray of a real floating dtype (bfloat16 included); TypeError else."""
     if isinstance(x, np.ma.MaskedArray):
         raise TypeError(f"{name} must be a plain array, not a masked array (its mask would be "
                         f"ignored): pass numpy.ma.filled({name}, value) or an attn_mask")
@@ -33,12 +46,44 @@ def as_float32(x, name):
         arr = np.asarray(x)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"{name} must be an array of real floating values: {exc}") from None
-    if arr.dtype.kind != "f":
+    if arr.dtype.kind != "f" and not is_bfloat16(arr.dtype):
         raise TypeError(
-            f"{name} must have a real floating dtype (float16, float32 or float64), "
+            f"{name} must have a real floating dtype (float16, bfloat16, float32 or float64), "
             f"got {arr.dtype}"
         )
-    return np.asarray(arr, dtype=np.float32, order="C")
+    return arr
+
+
+def as_float32(x, name):
+    """`x` as a C-contiguous float32 array; no copy when it already is one.
+
+    Raises TypeError unless `x` converts to a real floating dtype (float16,
+    bfloat16, float32, float64: converted to float32).
+    """
+    return np.asarray(_real_array(x, name), dtype=np.float32, order="C")
+
+
+def rows_in_place(arr):
+    """True when the kernels can read `arr` where it lies: each row (the last
+    axis) contiguous and aligned, every stride a whole number of elements."""
+    if arr.flags.c_contiguous and arr.flags.aligned:
+        return True
+    if arr.ndim == 0 or not arr.flags.aligned:
+        return False
+    size = arr.itemsize
+    if arr.shape[-1] > 1 and arr.strides[-1] != size:
+        return False
+    return all(st % size == 0 or n == 1 for n, st in zip(arr.shape, arr.strides))
+
+
+def as_rows(x, name, half=False):
+    """`x` for attention: float32 (with `half`, float16 and bfloat16 are kept
+    as they are, for k and v), read in place when its rows are contiguous
+    (any other strides), else copied once into a C-contiguous array."""
+    arr = _real_array(x, name)
+    if arr.dtype != np.float32 and not (half and is_half(arr.dtype)):
+        return np.asarray(arr, dtype=np.float32, order="C")
+    return arr if rows_in_place(arr) else np.ascontiguousarray(arr)
 
 
 def as_bool(value, name):
@@ -171,7 +216,9 @@ def _broadcast(shapes, what):
 
 @dataclass
 class AttentionInputs:
-    """Validated attention arguments; arrays are C-contiguous, unbroadcast."""
+    """Validated attention arguments, unbroadcast. q is float32, k and v float32,
+    float16 or bfloat16, each with contiguous rows (other strides any, as the
+    caller gave them); the mask is C-contiguous."""
 
     q: np.ndarray
     k: np.ndarray
@@ -191,7 +238,7 @@ class AttentionInputs:
 def attention_inputs(q, k, v, attn_mask, is_causal, window, scale, enable_gqa, with_v=True):
     """Validate and convert the arguments of SDPA (with_v=False: attention_weights)."""
     names = ("q", "k", "v") if with_v else ("q", "k")
-    arrays = [as_float32(x, name) for x, name in zip((q, k, v), names)]
+    arrays = [as_rows(x, name, half=name != "q") for x, name in zip((q, k, v), names)]
     for arr, name in zip(arrays, names):
         if arr.ndim < 2:
             raise ValueError(f"{name} must have at least 2 dimensions (..., rows, features), "
@@ -234,7 +281,7 @@ def attention_inputs(q, k, v, attn_mask, is_causal, window, scale, enable_gqa, w
             mask = np.asarray(attn_mask)
         except (TypeError, ValueError) as exc:  # e.g. a ragged nested list
             raise TypeError(f"attn_mask must be a bool or real floating array: {exc}") from None
-        if mask.dtype != np.bool_ and mask.dtype.kind != "f":
+        if mask.dtype != np.bool_ and mask.dtype.kind != "f" and not is_bfloat16(mask.dtype):
             raise TypeError(f"attn_mask must be a bool or real floating array, got dtype "
                             f"{mask.dtype}")
         mask = compact_broadcast(mask)
