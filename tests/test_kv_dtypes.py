@@ -323,3 +323,47 @@ def test_row_non_contiguous_inputs_are_copied_once_and_equal(rng):
     kt = np.ascontiguousarray(k.swapaxes(-1, -2)).swapaxes(-1, -2)  # features strided
     got = sdpa(np.asfortranarray(q), kt, v.astype(np.float16))
     assert_same_bits(got, sdpa(q, k, f32(v.astype(np.float16))))
+
+
+# ------------------------------------------------------------- paged caches
+
+@pytest.mark.parametrize("kvdtype", [np.float32] + HALF, ids=["float32"] + HALF_IDS)
+@pytest.mark.parametrize("block_size,S,L", [(64, 300, 1), (128, 256, 5), (256, 1000, 40),
+                                            (64, 0, 3), (64, 1, 1)])
+def test_paged_cache_equals_the_gathered_cache(simd, rng, kvdtype, block_size, S, L):
+    from fastattn._api import _paged_sdpa
+    B, Hq, Hkv, D, Dv, P = 3, 4, 2, 24, 16, 20
+    k_cache = randn(rng, P, block_size, Hkv, D).astype(kvdtype)
+    v_cache = randn(rng, P, block_size, Hkv, Dv).astype(kvdtype)
+    pages = max(1, -(-S // block_size))
+    table = np.stack([rng.permutation(P)[:pages + 1] for _ in range(B)]).astype(np.int32)
+    q = randn(rng, B, L, Hq, D).swapaxes(1, 2)  # (B, Hq, L, D) view
+    for kw in ({}, dict(is_causal=True), dict(window=(7, 0), scale=0.3)):
+        got = _paged_sdpa(q, k_cache, v_cache, table, S, return_lse=True, **kw)
+        # the gathered cache, (B, Hkv, S, D), contiguous
+        k = k_cache[table].reshape(B, -1, Hkv, D)[:, :S].swapaxes(1, 2).copy()
+        v = v_cache[table].reshape(B, -1, Hkv, Dv)[:, :S].swapaxes(1, 2).copy()
+        want = sdpa(np.ascontiguousarray(q), k, v, enable_gqa=True, return_lse=True, **kw)
+        assert_same_bits(got[0], want[0])
+        assert_same_bits(got[1], want[1])
+
+
+def test_paged_cache_bad_tables(rng):
+    from fastattn._api import _paged_sdpa
+    k_cache = randn(rng, 4, 64, 2, 8)
+    q = randn(rng, 1, 2, 1, 8)
+    with pytest.raises(ValueError, match="outside the cache"):
+        _paged_sdpa(q, k_cache, k_cache, np.array([[0, 4]]), 100)
+    with pytest.raises(ValueError, match="outside the cache"):
+        _paged_sdpa(q, k_cache, k_cache, np.array([[-1]]), 10)
+    with pytest.raises(ValueError, match="does not cover"):
+        _paged_sdpa(q, k_cache, k_cache, np.array([[0]]), 100)
+    with pytest.raises(ValueError, match="multiple of 64"):
+        _paged_sdpa(q, k_cache[:, :48], k_cache[:, :48], np.array([[0]]), 10)
+    # the kernel checks the table itself too (the private core entry)
+    with pytest.raises(ValueError, match="block_table"):
+        _core.attention(q, k_cache, k_cache, _core.DTYPE_F32, _core.DTYPE_F32,
+                        np.zeros(2, np.int64), np.zeros(2, np.int64), np.zeros(2, np.int64),
+                        8, 16, 16, 2, 1, 100, 8, 8, None, np.zeros(0, np.int64), 0, 0, False,
+                        -1, -1, 1.0, np.zeros(16, np.float32), None, 1, False,
+                        np.array([0, 9], np.int32), np.zeros(2, np.int64), 64, 4, 64 * 16, 64 * 16)

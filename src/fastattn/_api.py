@@ -382,6 +382,74 @@ def _run_attention(a, result, lse=None, weights=False):
     )
 
 
+PAGE_MULTIPLE = 64  # the key tile: a page of a paged cache holds a whole number of tiles
+
+
+def _paged_sdpa(q, k_cache, v_cache, block_table, seqlen, *, is_causal=False, window=None,
+                scale=None, return_lse=False):
+    """Attention over a paged KV cache, read in place (private: for fastattn.flash_attn).
+
+    q (B, Hq, L, D) float32 (any strides with contiguous rows); k_cache,
+    v_cache (num_pages, block_size, Hkv, D / Dv) of float32, float16 or
+    bfloat16, with ``block_size`` a multiple of 64 (PAGE_MULTIPLE);
+    block_table (B, max_pages) of ints: key ``j`` of batch item ``b`` is row
+    ``j % block_size`` of page ``block_table[b, j // block_size]``; every
+    batch item has ``seqlen`` keys. Query head ``h`` reads kv head
+    ``h // (Hq // Hkv)``. Returns out (B, Hq, L, Dv) (and lse (B, Hq, L)),
+    bitwise those of scaled_dot_product_attention on the gathered cache.
+    """
+    from fastattn._validate import as_rows, check_scale, check_window
+
+    q = as_rows(q, "q")
+    k_cache = as_rows(k_cache, "k_cache", half=True)
+    v_cache = as_rows(v_cache, "v_cache", half=True)
+    if q.ndim != 4 or k_cache.ndim != 4 or v_cache.ndim != 4:
+        raise ValueError(f"q, k_cache, v_cache must be 4-d, got {q.shape}, {k_cache.shape}, "
+                         f"{v_cache.shape}")
+    B, Hq, L, D = q.shape
+    P, bs, Hkv, Dk = k_cache.shape
+    Dv = v_cache.shape[-1]
+    if Dk != D or v_cache.shape[:3] != (P, bs, Hkv):
+        raise ValueError(f"k_cache {k_cache.shape} and v_cache {v_cache.shape} do not match "
+                         f"q {q.shape}")
+    if Hkv < 1 or Hq % Hkv != 0:
+        raise ValueError(f"q's heads ({Hq}) must be a multiple of the cache's ({Hkv})")
+    if bs % PAGE_MULTIPLE != 0:
+        raise ValueError(f"block_size must be a multiple of {PAGE_MULTIPLE}, got {bs}")
+    table = np.ascontiguousarray(block_table, dtype=np.int32)
+    S = int(seqlen)
+    pages = -(-S // bs)
+    if table.ndim != 2 or table.shape[0] != B or table.shape[1] < pages or S < 0:
+        raise ValueError(f"block_table of shape {table.shape} does not cover {S} keys of "
+                         f"{B} sequences in pages of {bs}")
+    used = table[:, :pages]
+    if used.size and (used.min() < 0 or used.max() >= P):
+        raise ValueError(f"block_table points outside the cache's {P} pages")
+    left, right = check_window(window)
+    scale = check_scale(scale, D)
+    group = Hq // Hkv
+    out = np.empty((B, Hq, L, Dv), np.float32)
+    lse = np.empty((B, Hq, L), np.float32) if return_lse else None
+    if B * Hq and L:
+        k_arr, k_dtype = _kv_operand(k_cache)
+        v_arr, v_dtype = _kv_operand(v_cache)
+        kst = [st // k_cache.itemsize for st in k_cache.strides]
+        vst = [st // v_cache.itemsize for st in v_cache.strides]
+        _core.attention(
+            q, k_arr, v_arr, k_dtype, v_dtype,
+            _offsets(q, (B, Hq)), _core.block_offsets((B, Hq), [0, kst[2]], group),
+            _core.block_offsets((B, Hq), [0, vst[2]], group),
+            _row_stride(q), kst[1], vst[1], B * Hq, L, S, D, Dv,
+            None, np.zeros(0, np.int64), 0, 0, as_bool(is_causal, "is_causal"),
+            -1 if left is None else min(left, L + S), -1 if right is None else min(right, L + S),
+            scale, out.reshape(-1), None if lse is None else lse.reshape(-1),
+            get_num_threads(), False,
+            table.reshape(-1), _core.block_offsets((B, Hq), [table.shape[1], 0], 1), bs, P,
+            kst[0], vst[0],
+        )
+    return (out, lse) if return_lse else out
+
+
 _ATTENTION_RULES = """
     Scores are ``s_ij = scale * (q_i . k_j)``, plus ``attn_mask[..., i, j]``
     for a float mask. Query row ``i`` sits at key position
