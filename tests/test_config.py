@@ -1,8 +1,10 @@
 """Package surface: __version__, show_config, the reference mirroring the
-public API (SPEC sec. 5)."""
+public API."""
 
 import inspect
 import re
+
+import pytest
 
 import fastattn
 from fastattn import reference as ref
@@ -26,21 +28,49 @@ def test_reference_mirrors_public_signatures():
         assert inspect.signature(getattr(ref, name)) == inspect.signature(getattr(fastattn, name)), name
 
 
-def test_show_config_prints_and_returns(capsys, threads):
+def test_show_config_stdout_prints_once_and_returns_none(capsys, threads):
     threads(7)
     result = fastattn.show_config()
     printed = capsys.readouterr().out
-    assert isinstance(result, (dict, str))
-    assert result
-    assert printed.strip()
-    assert fastattn.__version__ in printed and fastattn.__version__ in str(result)
+    assert result is None  # as numpy.show_config: the prompt shows it once
+    assert fastattn.__version__ in printed
     text = printed.lower()
     for item in ("version", "compiler", "openmp", "simd", "thread"):
         assert item in text, item
-    # the effective thread count
-    assert "7" in printed
-    if isinstance(result, dict):
-        assert 7 in result.values() or "7" in str(result)
+    assert "num_threads: 7" in printed  # the effective thread count
+    assert fastattn.show_config(mode="stdout") is None
+    assert capsys.readouterr().out == printed
+
+
+def test_show_config_dicts_returns_without_printing(capsys, threads):
+    threads(7)
+    config = fastattn.show_config(mode="dicts")
+    assert capsys.readouterr().out == ""
+    assert config["version"] == fastattn.__version__
+    assert config["num_threads"] == 7
+    assert config["openmp"] in (True, False)
+    assert config["simd"] in fastattn._core.simd_available()
+    # the older spelling
+    assert fastattn.show_config(print_=False) == config
+    assert capsys.readouterr().out == ""
+
+
+def test_show_config_bad_mode():
+    with pytest.raises(ValueError, match="mode must be 'stdout' or 'dicts', got 'dict'"):
+        fastattn.show_config(mode="dict")
+
+
+def test_show_config_says_single_threaded_build(capsys, monkeypatch):
+    real = fastattn._core.build_info()
+    monkeypatch.setattr(fastattn._core, "build_info", lambda: {**real, "openmp": False})
+    fastattn.show_config()
+    printed = capsys.readouterr().out
+    assert "openmp: False" in printed
+    assert "single-threaded" in printed
+    if real["openmp"]:
+        monkeypatch.setattr(fastattn._core, "build_info", lambda: real)
+        fastattn.show_config()
+        assert "single-threaded" not in capsys.readouterr().out
 
 
 def test_public_names_are_the_api_plus_config():

@@ -1,5 +1,5 @@
 """causal_attention, sliding_window_attention, attention_weights and the
-conversion table of SPEC sec. 3 (decisions D10, D11)."""
+conversion table of the docs (decisions D10, D11)."""
 
 import numpy as np
 import pytest
@@ -70,7 +70,7 @@ def test_window_size_at_least_s_is_causal(rng):
                  fastattn.causal_attention(q, k, v), rtol=1e-6, atol=1e-7)
 
 
-# ---------------------------------------------------- conversions (SPEC sec. 3)
+# ---------------------------------------------------- conversions (the docs' table)
 
 @pytest.mark.parametrize("w", [0, 1, 3])
 def test_onnx_local_window_size(rng, w):

@@ -1,4 +1,4 @@
-"""Every error of SPEC / decisions for the attention functions: the named
+"""Every documented error of the attention functions: the named
 exception, a message naming the argument, and `out` left unchanged.
 (softmax errors: test_softmax.py; out= errors: test_out.py; thread
 errors: test_threads.py.)"""
@@ -85,6 +85,22 @@ CASES = [
     ("gqa-2d", ValueError, r"\bq\b|\bk\b|\bv\b|enable_gqa",
      _replace(q=lambda r: randn(r, L, D), k=lambda r: randn(r, S, D), v=lambda r: randn(r, S, DV)),
      {"enable_gqa": True}),
+    # the messages say what to do
+    ("heads-differ-without-gqa", ValueError,
+     r"q has 4 heads and k 2 \(axis -3\): pass enable_gqa=True for grouped-query attention",
+     _replace(q=lambda r: randn(r, 4, L, D), k=lambda r: randn(r, 2, S, D),
+              v=lambda r: randn(r, 2, S, DV)), {}),
+    ("heads-not-multiple-without-gqa", ValueError,
+     r"q has 4 heads and k 3 \(axis -3\): grouped-query attention \(enable_gqa=True\) needs",
+     _replace(q=lambda r: randn(r, 4, L, D), k=lambda r: randn(r, 3, S, D),
+              v=lambda r: randn(r, 3, S, DV)), {}),
+    ("gqa-heads-not-multiple-message", ValueError,
+     r"q's number of heads must be a multiple of k's .*got 4 query heads and 3 kv heads",
+     _replace(q=lambda r: randn(r, 4, L, D), k=lambda r: randn(r, 3, S, D),
+              v=lambda r: randn(r, 3, S, DV)), {"enable_gqa": True}),
+    ("gqa-zero-kv-heads", ValueError, r"k and v must have at least one head",
+     _replace(q=lambda r: randn(r, 4, L, D), k=lambda r: randn(r, 0, S, D),
+              v=lambda r: randn(r, 0, S, DV)), {"enable_gqa": True}),
     ("gqa-more-kv-heads", ValueError, r"\bq\b|\bk\b|\bv\b|enable_gqa|head",
      _replace(q=lambda r: randn(r, 2, L, D), k=lambda r: randn(r, 4, S, D),
               v=lambda r: randn(r, 4, S, DV)), {"enable_gqa": True}),

@@ -300,7 +300,7 @@ def test_rowwise_bitwise_equal_for_1_to_4_threads_and_row_by_row(threads, xa, na
 
 @pytest.mark.parametrize("name", ["softmax", "log_softmax"])
 def test_softmax_of_a_length_one_axis_is_exactly_one_or_zero(name):
-    # SPEC 2: a length-1 axis gives exactly 1.0 (log 0.0) for finite entries,
+    # documented: a length-1 axis gives exactly 1.0 (log 0.0) for finite entries,
     # at any magnitude, and follows the IEEE rules for the others.
     x = np.array([[0.0], [-3e38], [3e38], [1e-45], [np.inf], [-np.inf], [np.nan]], np.float32)
     got = getattr(fastattn, name)(x, axis=-1)

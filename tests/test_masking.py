@@ -1,6 +1,6 @@
 """Allowed keys: is_causal, window, bool and float masks, their broadcasting,
 bottom-right alignment, fully masked rows, and masked keys never being read
-(SPEC sec. 3, decisions D2-D4, D6, D7)."""
+(decisions D2-D4, D6, D7)."""
 
 import numpy as np
 import pytest
@@ -196,7 +196,7 @@ def test_fully_masked_rows(rng):
 
 
 def test_fully_masked_row_never_nan_even_with_nan_q(rng):
-    # SPEC: no allowed key -> 0 and -inf, never NaN (keys are never read)
+    # documented: no allowed key -> 0 and -inf, never NaN (keys are never read)
     q, k, v = qkv(rng, (3, 4), (5, 4), (5, 2))
     q[1] = np.nan
     mask = np.ones((3, 5), bool)

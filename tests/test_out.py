@@ -1,5 +1,5 @@
 """out=: written and returned, and every way of getting it wrong
-(SPEC sec. 1, decision D8).  On every error `out` is left unchanged."""
+(decision D8).  On every error `out` is left unchanged."""
 
 import numpy as np
 import pytest

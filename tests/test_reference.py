@@ -1,7 +1,7 @@
 """Check the oracle itself against independent computations.
 
 Everything else in the suite trusts ``fastattn.reference``; these tests make
-sure it computes what SPEC says, using SciPy, the worked example and
+sure it computes what the docs say, using SciPy, the worked example and
 loop-based SDPA written here.
 """
 
@@ -49,7 +49,7 @@ def test_reference_nonfinite_rules_match_scipy():
                   [-inf, -inf, -inf]], dtype=np.float32)
     with np.errstate(all="ignore"):
         np.testing.assert_allclose(ref.softmax(x), scipy.special.softmax(x.astype(float), axis=-1), rtol=1e-6)
-        # SciPy's log_softmax gives -inf (not NaN) beside a +inf; SPEC says the
+        # SciPy's log_softmax gives -inf (not NaN) beside a +inf; the docs say the
         # whole slice is NaN, so row 1 is checked below instead.
         np.testing.assert_allclose(ref.log_softmax(x)[[0, 2, 3]],
                                    scipy.special.log_softmax(x[[0, 2, 3]].astype(float), axis=-1), rtol=1e-6)
@@ -116,7 +116,7 @@ def test_reference_gqa_matches_per_head_loop(rng):
 
 
 def test_reference_top_left_causal_conversion(rng):
-    # PyTorch's is_causal with L != S means j <= i (top-left); the SPEC says
+    # PyTorch's is_causal with L != S means j <= i (top-left); the docs say
     # that is attn_mask=np.tril(np.ones((L, S), bool)).
     L, S = 3, 5
     q, k, v = randn(rng, L, 2), randn(rng, S, 2), randn(rng, S, 2)

@@ -81,7 +81,7 @@ def test_flags_must_be_bools(mod):
 def test_log_softmax_near_zero_is_accurate(mod, simd):
     # log_softmax([0, -35])[0] = -log1p(e**-35), about -6.3e-16: log(1 + tiny)
     # would round the tiny part away.
-    before = fastattn.show_config(print_=False)["simd"]
+    before = fastattn.show_config(mode="dicts")["simd"]
     fastattn._core.select_simd(simd)
     try:
         x = np.array([0.0, -35.0], np.float32)
@@ -134,7 +134,7 @@ def _traced_peak(fn):
 
 
 def test_c_contiguous_float32_inputs_are_used_in_place(rng):
-    # SPEC 1: a C-contiguous float32 input is not copied; anything else is
+    # documented: a C-contiguous float32 input is not copied; anything else is
     # copied once (here: float64, converted to float32).
     q = rng.standard_normal((4, 512, 256), dtype=np.float32)  # 2 MiB
     out = np.empty_like(q)

@@ -32,7 +32,7 @@ def _two_allowed_keys(nan_key_first, S=200):
 @pytest.mark.parametrize("nan_key_first", [True, False], ids=["nan-key-first", "nan-key-last"])
 @pytest.mark.parametrize("scale", [100.0, 1e30])
 def test_nan_value_row_with_underflowing_weight(mod, nan_key_first, scale):
-    # SPEC 3: o_i = sum over allowed j of w_ij v_j; only keys that are not
+    # documented: o_i = sum over allowed j of w_ij v_j; only keys that are not
     # allowed (or score -inf, D3) are skipped. An allowed key with a finite
     # score has a positive weight, so a NaN in its value row makes o_i NaN,
     # whatever the key order. (The kernel used to skip value rows whose float32

@@ -15,7 +15,7 @@ PATHS = _core.simd_available()
 @pytest.fixture(params=PATHS)
 def simd(request):
     """Run a test on each kernel path this CPU has, then restore the default."""
-    before = fastattn.show_config(print_=False)["simd"]
+    before = fastattn.show_config(mode="dicts")["simd"]
     _core.select_simd(request.param)
     yield request.param
     _core.select_simd(before)
@@ -29,12 +29,12 @@ def _ulp_error(got, want64):
 
 def test_generic_path_is_always_there():
     assert "generic" in PATHS
-    assert fastattn.show_config(print_=False)["simd"] in PATHS
+    assert fastattn.show_config(mode="dicts")["simd"] in PATHS
 
 
 @pytest.mark.parametrize("path", PATHS)
 def test_fastattn_simd_variable_forces_a_path(path):
-    code = "import fastattn; print(fastattn.show_config(print_=False)['simd'])"
+    code = "import fastattn; print(fastattn.show_config(mode='dicts')['simd'])"
     env = dict(os.environ, FASTATTN_SIMD=path)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True)
@@ -42,7 +42,7 @@ def test_fastattn_simd_variable_forces_a_path(path):
 
 
 def test_unknown_simd_request_warns_and_falls_back():
-    code = "import fastattn; print(fastattn.show_config(print_=False)['simd'])"
+    code = "import fastattn; print(fastattn.show_config(mode='dicts')['simd'])"
     env = dict(os.environ, FASTATTN_SIMD="no-such-path")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True)

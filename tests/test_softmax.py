@@ -1,4 +1,4 @@
-"""softmax, log_softmax, logsumexp: SPEC sec. 1-2, decisions D1, D8, D9."""
+"""softmax, log_softmax, logsumexp: the dtype, axis and non-finite rules (decisions D1, D8, D9)."""
 
 import numpy as np
 import pytest
@@ -12,7 +12,7 @@ from conftest import (FMAX, assert_new_c_float32, assert_same_bits, readonly,
 
 NAMES = ["softmax", "log_softmax", "logsumexp"]
 
-# Accuracy bound (SPEC sec. 2: "within a few float32 ulps of the float64
+# Accuracy bound (the docs: "within a few float32 ulps of the float64
 # value; the tests fix the bound").  Relative to eps32 * |exact|; for
 # log_softmax and logsumexp the scale is max(|exact|, 1), because
 # log(sum) is computed from a sum rounded to float32 (absolute error ~eps

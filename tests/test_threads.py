@@ -1,4 +1,4 @@
-"""Thread control and determinism (SPEC sec. 3 "Determinism", sec. 4;
+"""Thread control and determinism ("Determinism" and "Threads" in the docs;
 decisions D12, D13)."""
 
 import os
@@ -90,7 +90,7 @@ def test_threadpoolctl_limits_apply(threads):
 def test_threadpoolctl_sees_the_openmp_runtime(threads):
     openmp = [info for info in threadpoolctl.threadpool_info() if info["user_api"] == "openmp"]
     assert openmp
-    runtime = fastattn.show_config(print_=False)["openmp_runtime"]
+    runtime = fastattn.show_config(mode="dicts")["openmp_runtime"]
     assert runtime is not None
     assert runtime["filepath"] in {info["filepath"] for info in openmp}
     # the runtime threadpoolctl controls is the one fastattn's kernels read

@@ -47,12 +47,12 @@ import os, subprocess, sys
 import fastattn
 from fastattn import _core
 want = sys.argv[1]
-config = fastattn.show_config(print_=False)
+config = fastattn.show_config(mode='dicts')
 print(f"selected: {config['simd']}; available: {', '.join(_core.simd_available())}; "
       f"compiler: {config['compiler']}; openmp runtime: "
       f"{(config['openmp_runtime'] or {}).get('filepath')}")
 assert config["simd"] == want, f"selected {config['simd']}, expected {want}"
-code = "import fastattn; print(fastattn.show_config(print_=False)['simd'])"
+code = "import fastattn; print(fastattn.show_config(mode='dicts')['simd'])"
 for request, expect in (("generic", "generic"), ("avx2", want)):
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=dict(os.environ, FASTATTN_SIMD=request), check=True)

@@ -27,7 +27,7 @@ RTOL, ATOL = 1e-4, 1e-5  # float32 kernels against the float64 reference
 
 
 def _worked_example():
-    """The SPEC's worked example, against the values every textbook prints."""
+    """The worked example of the user guide, against the values every textbook prints."""
     q = np.array([[1.0, 0.0]])
     k = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
     v = np.array([[10.0, 0.0], [0.0, 10.0], [5.0, 5.0]])
@@ -86,7 +86,7 @@ def run_checks(out=None):
     at call time); return True when all pass."""
     out = sys.stdout if out is None else out
     ok, err = _worked_example()
-    rows = [("worked example (SPEC)", ok, err)]
+    rows = [("worked example (user guide)", ok, err)]
     for name, fn, args, kwargs in _random_cases(np.random.default_rng(SEED)):
         got = getattr(fastattn, fn)(*args, **kwargs)
         want = getattr(reference, fn)(*args, **kwargs)

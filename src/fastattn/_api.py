@@ -5,8 +5,10 @@ GIL and calls one C entry point, and C works on contiguous float32 buffers.
 """
 import math
 import os as _os
+from typing import Optional
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from fastattn import _core
 from fastattn._validate import (
@@ -69,7 +71,7 @@ def _runtime_survives_fork():
     return _fork_safe
 
 
-def set_num_threads(n):
+def set_num_threads(n: Optional[int]) -> None:
     """Set the number of OpenMP threads fastattn's kernels may use.
 
     Parameters
@@ -111,7 +113,7 @@ def set_num_threads(n):
     _num_threads = int(n)
 
 
-def get_num_threads():
+def get_num_threads() -> int:
     """The number of threads fastattn's kernels may use for the next call.
 
     Returns
@@ -170,12 +172,12 @@ def _rowwise(x, axis, out, op, keepdims=False):
     xa = as_float32(x, "x")
     ax = normalize_axis(axis, xa.ndim)
     if op == _core.OP_LOGSUMEXP:
-        shape = list(xa.shape)
+        dims = list(xa.shape)
         if keepdims:
-            shape[ax] = 1
+            dims[ax] = 1
         else:
-            del shape[ax]
-        shape = tuple(shape)
+            del dims[ax]
+        shape = tuple(dims)
     else:
         shape = xa.shape
     if out is not None:
@@ -199,7 +201,8 @@ def _rowwise(x, axis, out, op, keepdims=False):
     return out
 
 
-def softmax(x, axis=-1, *, out=None):
+def softmax(x: ArrayLike, axis: int = -1, *,
+            out: Optional[NDArray[np.float32]] = None) -> NDArray[np.float32]:
     """Numerically stable softmax along an axis.
 
     Parameters
@@ -238,7 +241,8 @@ def softmax(x, axis=-1, *, out=None):
     return _rowwise(x, axis, out, _core.OP_SOFTMAX)
 
 
-def log_softmax(x, axis=-1, *, out=None):
+def log_softmax(x: ArrayLike, axis: int = -1, *,
+                out: Optional[NDArray[np.float32]] = None) -> NDArray[np.float32]:
     """Numerically stable log of the softmax along an axis.
 
     Parameters
@@ -270,7 +274,8 @@ def log_softmax(x, axis=-1, *, out=None):
     return _rowwise(x, axis, out, _core.OP_LOG_SOFTMAX)
 
 
-def logsumexp(x, axis=-1, *, keepdims=False, out=None):
+def logsumexp(x: ArrayLike, axis: int = -1, *, keepdims: bool = False,
+              out: Optional[NDArray[np.float32]] = None) -> NDArray[np.float32]:
     """Numerically stable ``log(sum(exp(x)))`` along an axis.
 
     Parameters
@@ -308,8 +313,8 @@ def logsumexp(x, axis=-1, *, keepdims=False, out=None):
 
 
 for _f in (softmax, log_softmax, logsumexp):
-    _f.__doc__ = _f.__doc__.replace("{notes}", _ROWWISE_NOTES).replace("{raises}",
-                                                                        _ROWWISE_RAISES)
+    _f.__doc__ = (_f.__doc__ or "").replace("{notes}", _ROWWISE_NOTES).replace("{raises}",
+                                                                                _ROWWISE_RAISES)
 del _f
 
 # ----------------------------------------------------------------------------
@@ -731,9 +736,9 @@ def attention_weights(q, k, attn_mask=None, *, is_causal=False, window=None, sca
     return weights
 
 
-for _f in (scaled_dot_product_attention, attention_weights):
-    _f.__doc__ = _f.__doc__.replace("{rules}", _ATTENTION_RULES)
-del _f
+for _g in (scaled_dot_product_attention, attention_weights):
+    _g.__doc__ = (_g.__doc__ or "").replace("{rules}", _ATTENTION_RULES)
+del _g
 
 
 # ----------------------------------------------------------------------------

@@ -314,7 +314,7 @@ def fma_peaks(threads, iters=20_000_000):
 def environment_line(threads):
     torch, ort = torch_or_none(), onnxruntime_or_none()
     return (f"{cpu_name()}; fastattn {fastattn.__version__} "
-            f"({fastattn.show_config(print_=False)['simd']} kernels), torch "
+            f"({fastattn.show_config(mode='dicts')['simd']} kernels), torch "
             f"{getattr(torch, '__version__', 'absent')}, onnxruntime "
             f"{getattr(ort, '__version__', 'absent')}; {threads} threads for each")
 

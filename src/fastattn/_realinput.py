@@ -10,6 +10,7 @@ constraints, and compares each result with :mod:`fastattn.reference`.
 ``python -m fastattn`` prints its rows beside its other checks.
 """
 from importlib import resources
+from typing import Any, Dict
 
 import numpy as np
 
@@ -42,7 +43,7 @@ def load_minilm_fixture():
         sentence; ``sentences``: the B sentences; ``tokens``: list of B lists
         of their WordPiece tokens; ``model``: the model's name.
     """
-    ref = resources.files("fastattn").joinpath("data", FIXTURE)
+    ref = resources.files("fastattn").joinpath("data").joinpath(FIXTURE)
     with ref.open("rb") as f, np.load(f, allow_pickle=False) as data:
         packed = {name: data[name] for name in ("q", "k", "v")}
         lengths = data["lengths"].astype(np.int64)
@@ -54,7 +55,7 @@ def load_minilm_fixture():
         raise ValueError(f"{FIXTURE}: {total} tokens stored, lengths sum to {lengths.sum()}")
     batch, longest = len(lengths), int(lengths.max())
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-    out = {}
+    out: Dict[str, Any] = {}
     for name, fill in (("q", 0.0), ("k", np.nan), ("v", np.nan)):
         a = np.full((n_layers, batch, n_heads, longest, head_dim), fill, np.float32)
         for b, (s, n) in enumerate(zip(starts, lengths)):

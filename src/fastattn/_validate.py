@@ -3,21 +3,22 @@
 Everything here is pure Python/NumPy and runs before any kernel: the dtype
 policy, axis normalisation, `out=` rules, and the shape rules of attention
 (broadcasting, grouped-query heads, masks, scale, window). Each error names the
-argument, what was seen and what was expected (SPEC sections 1-3).
+argument, what was seen and what was expected (the rules are stated in the
+user guide, docs/user_guide.rst).
 """
 import math
 import numbers
 import operator
 import sys
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 try:  # numpy >= 1.25
     from numpy.exceptions import AxisError, TooHardError
 except ImportError:  # pragma: no cover - older numpy
-    from numpy import AxisError, TooHardError
+    from numpy import AxisError, TooHardError  # type: ignore[attr-defined,no-redef]
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
@@ -32,6 +33,50 @@ def is_bfloat16(dtype):
     return ml_dtypes is not None and dtype == ml_dtypes.bfloat16
 
 
+def _is_torch_tensor(x: Any) -> bool:
+    return type(x).__module__.split(".")[0] == "torch" and hasattr(x, "requires_grad")
+
+
+def as_array(x: Any, name: str) -> np.ndarray:
+    """`x` as a NumPy array, without a copy where its library allows.
+
+    Takes anything NumPy takes (``__array__``, the buffer protocol,
+    ``__array_interface__``), objects with only ``__dlpack__``, and PyTorch CPU
+    tensors, bfloat16 ones included (as an ``ml_dtypes.bfloat16`` view of the
+    same memory). A tensor that requires grad is refused with a message naming
+    the argument: fastattn computes no gradients, so it must be detached.
+    """
+    if isinstance(x, np.ndarray):
+        return x
+    if _is_torch_tensor(x):
+        if x.requires_grad:
+            raise TypeError(f"{name} is a torch tensor that requires grad; fastattn computes "
+                            f"no gradients: pass {name}.detach()")
+        if x.device.type != "cpu":
+            raise TypeError(f"{name} is a torch tensor on {x.device}; fastattn runs on the "
+                            f"CPU: pass {name}.cpu()")
+        if str(x.dtype) == "torch.bfloat16":
+            try:
+                import ml_dtypes
+            except ImportError:
+                raise TypeError(f"{name} is a bfloat16 torch tensor, which NumPy reads "
+                                f"through the ml_dtypes package: pip install ml_dtypes, or "
+                                f"pass {name}.float()") from None
+            import torch
+            return x.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    elif (hasattr(x, "__dlpack__") and not hasattr(x, "__array__")
+          and not hasattr(x, "__array_interface__")):
+        try:
+            return np.from_dlpack(x)
+        except (TypeError, ValueError, RuntimeError, BufferError) as exc:
+            raise TypeError(f"{name}: NumPy cannot read this array through DLPack: {exc}; "
+                            f"pass a CPU array") from None
+    try:
+        return np.asarray(x)
+    except (TypeError, ValueError, RuntimeError) as exc:  # e.g. a ragged nested list
+        raise TypeError(f"{name} must be an array (anything numpy.asarray takes): {exc}") from None
+
+
 def is_half(dtype):
     """True for the half-precision dtypes attention reads in place as k and v."""
     return dtype == np.float16 or is_bfloat16(dtype)
@@ -42,10 +87,7 @@ def _real_array(x, name):
     if isinstance(x, np.ma.MaskedArray):
         raise TypeError(f"{name} must be a plain array, not a masked array (its mask would be "
                         f"ignored): pass numpy.ma.filled({name}, value) or an attn_mask")
-    try:
-        arr = np.asarray(x)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"{name} must be an array of real floating values: {exc}") from None
+    arr = as_array(x, name)
     if arr.dtype.kind != "f" and not is_bfloat16(arr.dtype):
         raise TypeError(
             f"{name} must have a real floating dtype (float16, bfloat16, float32 or float64), "
@@ -86,14 +128,14 @@ def as_rows(x, name, half=False):
     return arr if rows_in_place(arr) else np.ascontiguousarray(arr)
 
 
-def as_bool(value, name):
+def as_bool(value: Any, name: str) -> bool:
     """A Python bool from a bool or numpy.bool_; TypeError for anything else."""
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
     raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
 
 
-def compact_broadcast(arr):
+def compact_broadcast(arr: Any) -> Any:
     """`arr` with each broadcast (stride-0) axis cut to length 1: what a view
     from numpy.broadcast_to holds, at its own size. It broadcasts back to
     `arr`'s shape, so a later C-contiguous copy stays small."""
@@ -104,7 +146,7 @@ def compact_broadcast(arr):
     return arr[index]
 
 
-def normalize_axis(axis, ndim):
+def normalize_axis(axis: Any, ndim: int) -> int:
     """`axis` as an index in [0, ndim); AxisError when out of range or ndim == 0."""
     if isinstance(axis, (bool, np.bool_)):
         raise TypeError(f"axis must be an int, got {type(axis).__name__}")
@@ -117,20 +159,21 @@ def normalize_axis(axis, ndim):
     return axis % ndim
 
 
-def shares_memory(a, b):
+def shares_memory(a: Any, b: Any) -> bool:
     """True when arrays a and b may overlap (an undecidable case counts as overlap)."""
     if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)):
         return False
     if not np.may_share_memory(a, b):
         return False
     try:
-        return bool(np.shares_memory(a, b, max_work=100_000))
+        return bool(np.shares_memory(a, b, max_work=100_000))  # type: ignore[arg-type]
     except TooHardError:
         return True
 
 
-def check_out(out, shape, inputs):
-    """Check an `out=` array against SPEC section 1 before anything is written.
+def check_out(out: Any, shape: Sequence[int], inputs: Iterable[Tuple[str, Any]]) -> None:
+    """Check an `out=` array before anything is written: a writeable, C-contiguous
+    float32 ndarray of exactly `shape`, overlapping no input.
 
     `inputs` is a sequence of (name, array) that `out` must not overlap.
     """
@@ -149,7 +192,7 @@ def check_out(out, shape, inputs):
             raise ValueError(f"out must not share memory with {name}")
 
 
-def check_scale(scale, D):
+def check_scale(scale: Any, D: int) -> float:
     """The score scale: 1/sqrt(D) for None, else a finite real number."""
     if scale is None:
         return 1.0 / math.sqrt(D)
@@ -164,7 +207,7 @@ def check_scale(scale, D):
     return value
 
 
-def _window_side(value, side):
+def _window_side(value: Any, side: str) -> Optional[int]:
     if value is None:
         return None
     if isinstance(value, (bool, np.bool_)):
@@ -180,7 +223,7 @@ def _window_side(value, side):
     return value
 
 
-def check_window(window):
+def check_window(window: Any) -> Tuple[Optional[int], Optional[int]]:
     """(left, right) from `window`, each an int >= 0 or None (unbounded)."""
     if window is None:
         return None, None
@@ -189,7 +232,7 @@ def check_window(window):
     return _window_side(window[0], "left"), _window_side(window[1], "right")
 
 
-def check_window_size(window_size):
+def check_window_size(window_size: Any) -> Tuple[int, int]:
     """`window=(window_size - 1, 0)` for sliding_window_attention."""
     if isinstance(window_size, (bool, np.bool_)):
         raise ValueError(f"window_size must be an int >= 1, got {window_size!r}")
@@ -202,7 +245,7 @@ def check_window_size(window_size):
     return (window_size - 1, 0)
 
 
-def _broadcast(shapes, what):
+def _broadcast(shapes: Sequence[Tuple[int, ...]], what: str, hint: str = "") -> Tuple[int, ...]:
     if all(s == shapes[0] for s in shapes):  # the common case, without numpy's overhead
         return tuple(shapes[0])
     try:
@@ -210,8 +253,23 @@ def _broadcast(shapes, what):
     except ValueError:
         raise ValueError(
             f"the leading (batch) dimensions of {what} do not broadcast: "
-            + ", ".join(str(s) for s in shapes)
+            + ", ".join(str(s) for s in shapes) + hint
         ) from None
+
+
+def _gqa_hint(arrays: List[np.ndarray]) -> str:
+    """A hint for leading dims that fail to broadcast because the query and kv
+    head counts (axis -3) differ: that is grouped-query attention."""
+    if len(arrays) < 2 or min(a.ndim for a in arrays) < 3:
+        return ""
+    Hq, Hkv = arrays[0].shape[-3], arrays[1].shape[-3]
+    if Hq == Hkv or Hkv <= 1:
+        return ""
+    if Hq % Hkv == 0:
+        return (f"; q has {Hq} heads and k {Hkv} (axis -3): pass enable_gqa=True for "
+                f"grouped-query attention (query head h reads kv head h // {Hq // Hkv})")
+    return (f"; q has {Hq} heads and k {Hkv} (axis -3): grouped-query attention "
+            f"(enable_gqa=True) needs q's heads to be a multiple of k's")
 
 
 @dataclass
@@ -235,7 +293,8 @@ class AttentionInputs:
     group: int                  # query heads per kv head (1 without GQA)
 
 
-def attention_inputs(q, k, v, attn_mask, is_causal, window, scale, enable_gqa, with_v=True):
+def attention_inputs(q: Any, k: Any, v: Any, attn_mask: Any, is_causal: Any, window: Any,
+                     scale: Any, enable_gqa: Any, with_v: bool = True) -> "AttentionInputs":
     """Validate and convert the arguments of SDPA (with_v=False: attention_weights)."""
     names = ("q", "k", "v") if with_v else ("q", "k")
     arrays = [as_rows(x, name, half=name != "q") for x, name in zip((q, k, v), names)]
@@ -266,21 +325,22 @@ def attention_inputs(q, k, v, attn_mask, is_causal, window, scale, enable_gqa, w
         if v is not None and v.shape[-3] != Hkv:
             raise ValueError(f"with enable_gqa=True, k and v must have the same number of "
                              f"heads, got k {k.shape} and v {v.shape}")
-        if Hkv < 1 or Hq % Hkv != 0:
-            raise ValueError(f"with enable_gqa=True, q's heads ({Hq}) must be a multiple of "
-                             f"k's heads ({Hkv} >= 1)")
+        if Hkv < 1:
+            raise ValueError(f"with enable_gqa=True, k and v must have at least one head "
+                             f"(axis -3), got k shape {k.shape}")
+        if Hq % Hkv != 0:
+            raise ValueError(f"with enable_gqa=True, q's number of heads must be a multiple of "
+                             f"k's (each kv head serves Hq // Hkv query heads): got {Hq} query "
+                             f"heads and {Hkv} kv heads (axis -3 of q {q.shape} and k {k.shape})")
         group = max(1, Hq // Hkv)  # Hq = 0: an empty result
         batch = _broadcast([a.shape[:-3] for a in arrays], "/".join(names)) + (Hq,)
     else:
-        batch = _broadcast([a.shape[:-2] for a in arrays], "/".join(names))
+        batch = _broadcast([a.shape[:-2] for a in arrays], "/".join(names), _gqa_hint(arrays))
     mask = None
     if attn_mask is not None:
         if isinstance(attn_mask, np.ma.MaskedArray):
             raise TypeError("attn_mask must be a plain bool or float array, not a masked array")
-        try:
-            mask = np.asarray(attn_mask)
-        except (TypeError, ValueError) as exc:  # e.g. a ragged nested list
-            raise TypeError(f"attn_mask must be a bool or real floating array: {exc}") from None
+        mask = as_array(attn_mask, "attn_mask")
         if mask.dtype != np.bool_ and mask.dtype.kind != "f" and not is_bfloat16(mask.dtype):
             raise TypeError(f"attn_mask must be a bool or real floating array, got dtype "
                             f"{mask.dtype}")

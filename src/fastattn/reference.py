@@ -10,7 +10,10 @@ inputs; the arithmetic is float64 and the results are returned as float32.
 Attention here forms the full (..., L, S) score matrix: O(L x S) memory, for
 checking, not for speed.
 """
+from typing import Optional
+
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from fastattn._validate import (
     as_bool,
@@ -35,7 +38,7 @@ __all__ = [
 
 
 def _finish(result64, out, inputs):
-    """float32 result, written into `out` when given (after the SPEC checks)."""
+    """float32 result, written into `out` when given (after the same checks as fastattn's)."""
     result = result64.astype(np.float32)
     if out is None:
         return result
@@ -53,7 +56,8 @@ def _slices(x, axis):
     return x64, normalize_axis(axis, x64.ndim)
 
 
-def softmax(x, axis=-1, *, out=None):
+def softmax(x: ArrayLike, axis: int = -1, *,
+            out: Optional[NDArray[np.float32]] = None) -> NDArray[np.float32]:
     """Reference softmax: ``exp(x - m) / sum(exp(x - m))`` along `axis`."""
     x64, ax = _slices(x, axis)
     with np.errstate(all="ignore"):
@@ -76,7 +80,8 @@ def _log_sum(x64, m, ax):
         return np.where(np.isfinite(m), log1p_form, np.log(np.sum(e, axis=ax, keepdims=True)))
 
 
-def log_softmax(x, axis=-1, *, out=None):
+def log_softmax(x: ArrayLike, axis: int = -1, *,
+                out: Optional[NDArray[np.float32]] = None) -> NDArray[np.float32]:
     """Reference log_softmax: ``(x - m) - log(sum(exp(x - m)))`` along `axis`."""
     x64, ax = _slices(x, axis)
     with np.errstate(all="ignore"):
@@ -85,7 +90,8 @@ def log_softmax(x, axis=-1, *, out=None):
     return _finish(result, out, [("x", x)])
 
 
-def logsumexp(x, axis=-1, *, keepdims=False, out=None):
+def logsumexp(x: ArrayLike, axis: int = -1, *, keepdims: bool = False,
+              out: Optional[NDArray[np.float32]] = None) -> NDArray[np.float32]:
     """Reference logsumexp: ``m + log(sum(exp(x - m)))`` along `axis`.
 
     As in SciPy, an infinite max is replaced by 0 in the shift, so a +inf
@@ -138,7 +144,7 @@ def _scores(a):
 
 def _softmax_rows(s):
     """Step 4: the softmax of each row over its allowed (> -inf) scores, and
-    its log-sum-exp, with the row rules of SPEC section 3."""
+    its log-sum-exp, with the row rules of the user guide (no allowed key: 0 and -inf)."""
     with np.errstate(all="ignore"):
         m = np.max(s, axis=-1, keepdims=True, initial=-np.inf)  # NaN propagates
         finite = np.isfinite(m)
@@ -177,6 +183,7 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, wi
         return (result, lse.astype(np.float32)) if return_lse else result
     s = _scores(a)
     w, lse = _softmax_rows(s)
+    assert a.v is not None
     vv = a.v.astype(np.float64)
     if a.group > 1:
         vv = np.repeat(vv, a.group, axis=-3)
