@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from typing import Dict, Optional
 
 import numpy as np
 
@@ -87,7 +88,7 @@ class Problem:
     D: int
     causal: bool = False
     padding: bool = False
-    window: tuple = None
+    window: Optional[tuple] = None
 
     @property
     def gqa(self):
@@ -244,7 +245,7 @@ class Problem:
 def time_problem(problem, impls=IMPLEMENTATIONS, threads=2, repeat=3):
     """Seconds of each implementation on `problem`: a dict impl -> seconds or
     None (not installed, or no equivalent). The reference runs once."""
-    times = {}
+    times: Dict[str, Optional[float]] = {}
     for impl in impls:
         r = problem.runner(impl, threads)
         if r is None:
