@@ -7,8 +7,9 @@ token at position 8191, then attending to all 8192) against
 as (B, H, S, D), nothing appended), and a paged cache of blocks of 256 rows
 against the contiguous one.
 
-``python benchmarks/benchmarks/bench_flash_attn.py`` prints the ratios,
-measured in one process with the calls interleaved (best of the rounds).
+``python benchmarks/benchmarks/bench_flash_attn.py`` prints the times and
+the ratios, measured in one process with the calls interleaved: the median
+over rounds of the ratio within a round.
 """
 import time
 
@@ -47,19 +48,28 @@ def _inputs(case):
 
 
 def measure(cases=CASES, rounds=15, threads=2):
-    """Best time per case in seconds, the cases interleaved round by round."""
+    """Seconds per call, (rounds, len(cases)): each round runs every case once,
+    in an order rotated round by round, so that the ratio of two cases can be
+    taken within a round (paired) while the machine's speed drifts."""
     fastattn.set_num_threads(threads)
     try:
-        fns = {c: _inputs(c) for c in cases}
-        best = dict.fromkeys(cases, np.inf)
-        for _ in range(rounds):
-            for c, fn in fns.items():
+        fns = [_inputs(c) for c in cases]
+        for fn in fns:
+            fn()
+        times = np.empty((rounds, len(cases)))
+        for r in range(rounds):
+            for i in np.roll(np.arange(len(cases)), r):
                 t0 = time.perf_counter()
-                fn()
-                best[c] = min(best[c], time.perf_counter() - t0)
-        return best
+                fns[i]()
+                times[r, i] = time.perf_counter() - t0
+        return times
     finally:
         fastattn.set_num_threads(None)
+
+
+def paired_ratio(times, cases, num, den):
+    """The median over rounds of time(num) / time(den)."""
+    return float(np.median(times[:, cases.index(num)] / times[:, cases.index(den)]))
 
 
 class KVCacheDecode:
@@ -90,19 +100,20 @@ class KVCacheRatio:
 
     def track_ratio(self, ratio):
         num, den = ratio.split("/")
-        best = measure([den, num])
-        return best[num] / best[den]
+        return paired_ratio(measure([num, den], rounds=21), [num, den], num, den)
 
     track_ratio.unit = "x"
 
 
 if __name__ == "__main__":
-    best = measure()
+    times = measure(rounds=31)
     config = fastattn.show_config(print_=False)
     print(f"fastattn {config['version']}, {config['simd']} kernels, 2 threads, "
-          f"B=1 H={H}/{HKV} S={S} D={D}, block size {BLOCK}")
-    for case in CASES:
-        print(f"{case:24s} {best[case] * 1e3:8.2f} ms")
-    print(f"kvcache / core               {best['kvcache'] / best['core']:.3f}x  (goal <= 1.1)")
+          f"B=1 H={H}/{HKV} S={S} D={D}, block size {BLOCK}; median of 31 paired rounds")
+    for i, case in enumerate(CASES):
+        print(f"{case:24s} {np.median(times[:, i]) * 1e3:8.2f} ms (best {times[:, i].min() * 1e3:.2f})")
+    print(f"{'kvcache / core':34s} {paired_ratio(times, CASES, 'kvcache', 'core'):.3f}x  "
+          f"(goal <= 1.1)")
     for paged in ("kvcache-paged", "kvcache-paged-shuffled"):
-        print(f"{paged + ' / kvcache':28s} {best[paged] / best['kvcache']:.3f}x  (goal <= 1.15)")
+        print(f"{paged + ' / kvcache':34s} {paired_ratio(times, CASES, paged, 'kvcache'):.3f}x  "
+              f"(goal <= 1.15)")
