@@ -427,6 +427,85 @@ def test_kvcache_paged_sparse_blocks_are_gathered():
         assert np.array_equal(got, ref)
 
 
+@pytest.mark.parametrize("causal,window_size", [(True, (-1, -1)), (False, (-1, -1)),
+                                                (True, (100, -1)), (False, (30, 7))])
+def test_kvcache_paged_kernel_path_bitwise(causal, window_size, monkeypatch):
+    """Blocks of a multiple of 64 rows, one length for every sequence and no
+    left pad: the kernel reads the pages in place, with the contiguous bits."""
+    rng = np.random.default_rng(20)
+    c = _cache_case(rng, B=2, S=256, L=2, L_new=2)
+    kp, vp, table = _paged(rng, c["k_cache"], c["v_cache"], 64)
+    monkeypatch.setattr(fa, "_pages_in_place", None)  # neither of the other two paths
+    monkeypatch.setattr(fa, "_gather_pages", None)
+    kw = dict(cache_seqlens=150, causal=causal, window_size=window_size, return_softmax_lse=True)
+    o, lse = flash_attn_with_kvcache(c["q"], c["k_cache"], c["v_cache"], c["k"], c["v"], **kw)
+    po, plse = flash_attn_with_kvcache(c["q"], kp, vp, c["k"], c["v"], block_table=table, **kw)
+    assert np.array_equal(po, o) and np.array_equal(plse, lse)
+    out = np.empty_like(o)
+    assert flash_attn_with_kvcache(c["q"], kp, vp, block_table=table, cache_seqlens=152,
+                                   causal=causal, window_size=window_size, out=out) is out
+    assert np.array_equal(out, o)
+
+
+def test_kvcache_reads_the_cache_in_place():
+    """No copy of the cache: contiguous, paged through the kernel, and paged
+    through the masked blocks (an odd block size), each under 1/8 of k_cache."""
+    import tracemalloc
+
+    rng = np.random.default_rng(21)
+    S, D = 2048, 64
+    k_cache, v_cache = randn(rng, 1, S, 4, D), randn(rng, 1, S, 4, D)
+    q, k = randn(rng, 1, 1, 8, D), randn(rng, 1, 1, 4, D)
+    nblk = S // 64
+    kp, vp = k_cache.reshape(nblk, 64, 4, D), v_cache.reshape(nblk, 64, 4, D)
+    kodd, vodd = k_cache.reshape(nblk * 2, 32, 4, D), v_cache.reshape(nblk * 2, 32, 4, D)
+    calls = {
+        "contiguous": lambda: flash_attn_with_kvcache(q, k_cache, v_cache, k, k,
+                                                      cache_seqlens=S - 1),
+        "paged kernel": lambda: flash_attn_with_kvcache(
+            q, kp, vp, k, k, cache_seqlens=S - 1, block_table=np.arange(nblk)[None]),
+        "paged blocks": lambda: flash_attn_with_kvcache(
+            q, kodd, vodd, k, k, cache_seqlens=S - 1, block_table=np.arange(2 * nblk)[None]),
+    }
+    for name, call in calls.items():
+        call()
+        tracemalloc.start()
+        try:
+            call()
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < k_cache.nbytes / 8, (name, peak)
+
+
+def test_func_reads_token_major_inputs_in_place():
+    import tracemalloc
+
+    rng = np.random.default_rng(22)
+    q, k, v = randn(rng, 1, 4, 8, 64), randn(rng, 1, 4096, 2, 64), randn(rng, 1, 4096, 2, 64)
+    flash_attn_func(q, k, v)
+    tracemalloc.start()
+    try:
+        flash_attn_func(q, k, v, causal=True)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < k.nbytes / 8
+
+
+def test_kvcache_bfloat16_cache():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    rng = np.random.default_rng(23)
+    c = _cache_case(rng)
+    kc, vc = (c[n].astype(ml_dtypes.bfloat16) for n in ("k_cache", "v_cache"))
+    o = flash_attn_with_kvcache(c["q"], kc, vc, c["k"], c["v"], cache_seqlens=5, causal=True)
+    assert np.array_equal(kc[:, 5:7].astype(np.float32),
+                          c["k"].astype(ml_dtypes.bfloat16).astype(np.float32))
+    ref = flash_attn_func(c["q"], kc[:, :7].astype(np.float32), vc[:, :7].astype(np.float32),
+                          causal=True)
+    assert np.array_equal(o, ref)
+
+
 @pytest.mark.parametrize("interleaved", [True, False])
 @pytest.mark.parametrize("causal,window_size", [(False, (-1, -1)), (True, (-1, -1)),
                                                 (False, (5, 3))])

@@ -33,6 +33,7 @@ import operator
 import numpy as np
 
 import fastattn
+from fastattn import _api  # _paged_sdpa: the kernel's in-place paged read
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"]
 
@@ -733,13 +734,16 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     checked: `cache_leftpad` also works with a paged cache, rotary_dim need
     only be even, and any block size is accepted.
 
-    A contiguous cache is read in place: in one call when every sequence uses
-    the same key range and the rows form a regular slice, else one call per
-    sequence. A paged cache is read in place for up to 64 queries per
-    sequence without ALiBi (the blocks a sequence uses, as one batch of
-    partial results under a mask, merged with :func:`fastattn.merge_attention`:
-    equal to the contiguous result to float32 rounding, not bitwise), else
-    its blocks are gathered (copied) per call.
+    The cache is read in place, in its own dtype. A contiguous cache: in one
+    call when every sequence uses the same key range and the rows form a
+    regular slice, else one call per sequence. A paged cache: by the kernel
+    itself, with the contiguous cache's bits, when the block size is a
+    multiple of 64, every sequence has the same length, there is no left pad,
+    softcap or ALiBi; otherwise, for up to 64 queries per sequence without
+    ALiBi, as the blocks a sequence spans in one batch of partial results
+    under a mask, merged with :func:`fastattn.merge_attention` (equal to the
+    contiguous result to float32 rounding, not bitwise); otherwise its
+    blocks are gathered (copied) per call.
 
     Examples
     --------
@@ -893,7 +897,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     lse = np.empty((B, H, L), np.float32)
     o = _core_out(out, B, L, H, Dv)
     uniform = B > 0 and (start == start[0]).all() and (end == end[0]).all()
-    if uniform and not paged and _arith_rows(rows) is not None:
+    if (uniform and paged and not start.any() and block_size % _api.PAGE_MULTIPLE == 0
+            and cap is None and alibi is None):
+        o, lse = _api._paged_sdpa(_bhld(q), k_cache, v_cache, table, int(end[0]),
+                                  is_causal=causal, window=window, scale=scale, return_lse=True)
+    elif uniform and not paged and _arith_rows(rows) is not None:
         sl, s0, s1 = _arith_rows(rows), int(start[0]), int(end[0])
         o, lse = fastattn.scaled_dot_product_attention(
             _bhld(q), _bhld(k_cache[sl, s0:s1]), _bhld(v_cache[sl, s0:s1]), enable_gqa=True,
