@@ -33,6 +33,11 @@
  * (few query rows: decoding) with the same bits as one thread running them. */
 #define FA_CK 1024
 #define FA_MAX_MR 8 /* rows of a micro-kernel block, at most */
+/* A work unit of at most this many query rows (decoding: one row per head, or
+ * the heads of one GQA group) takes the few-rows kernels: the same products,
+ * read from k's and v's rows in place instead of packed tiles of FA_MR-row
+ * blocks. */
+#define FA_FEW_ROWS 8
 
 /* Rows of one attention work unit: heads b0 .. b0+nh-1 (batch items that share
  * k and v), query rows i0 .. i0+nq-1 of each; row r is (b0 + r / nq, i0 + r % nq). */

@@ -196,6 +196,28 @@ static FA_ALWAYS_INLINE FA_TARGET __m256 load8_avx2(const void *p, int dt)
         _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 }
 
+/* The 8 x 8 block r[0..7] (row l: 8 floats) transposed in registers: on
+ * return r[i] holds element i of every row (lane l from row l). */
+static FA_ALWAYS_INLINE FA_TARGET void transpose8_avx2(__m256 r[8])
+{
+    const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+    r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+    r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+    r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+    r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+    r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+    r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+    r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
 /* kt[d * FA_BK + jj] = k row jj, element d (k: key row j0, rows rs elements of
  * dtype dt apart), converted to float32, zero for jj >= nk: the key tile
  * transposed in 8 x 8 blocks of registers. */
@@ -205,31 +227,17 @@ static FA_ALWAYS_INLINE FA_TARGET void pack_kt_dt_avx2(const void *k, int dt, in
     const int64_t esz = (int64_t)fa_dtype_size(dt);
     const char *base = (const char *)k;
     int64_t jb, d, jj;
+    int i;
 #define FA_ROW(r) (base + ((jb + (r)) * rs + d) * esz)
     for (jb = 0; jb < FA_BK; jb += 8) {
         if (jb + 8 <= nk) {
             for (d = 0; d + 8 <= D; d += 8) {
-                __m256 r0 = load8_avx2(FA_ROW(0), dt), r1 = load8_avx2(FA_ROW(1), dt);
-                __m256 r2 = load8_avx2(FA_ROW(2), dt), r3 = load8_avx2(FA_ROW(3), dt);
-                __m256 r4 = load8_avx2(FA_ROW(4), dt), r5 = load8_avx2(FA_ROW(5), dt);
-                __m256 r6 = load8_avx2(FA_ROW(6), dt), r7 = load8_avx2(FA_ROW(7), dt);
-                __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
-                __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
-                __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
-                __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
-                __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-                __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-                __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
-                __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-                float *dst = kt + d * FA_BK + jb;
-                _mm256_storeu_ps(dst, _mm256_permute2f128_ps(u0, u4, 0x20));
-                _mm256_storeu_ps(dst + FA_BK, _mm256_permute2f128_ps(u1, u5, 0x20));
-                _mm256_storeu_ps(dst + 2 * FA_BK, _mm256_permute2f128_ps(u2, u6, 0x20));
-                _mm256_storeu_ps(dst + 3 * FA_BK, _mm256_permute2f128_ps(u3, u7, 0x20));
-                _mm256_storeu_ps(dst + 4 * FA_BK, _mm256_permute2f128_ps(u0, u4, 0x31));
-                _mm256_storeu_ps(dst + 5 * FA_BK, _mm256_permute2f128_ps(u1, u5, 0x31));
-                _mm256_storeu_ps(dst + 6 * FA_BK, _mm256_permute2f128_ps(u2, u6, 0x31));
-                _mm256_storeu_ps(dst + 7 * FA_BK, _mm256_permute2f128_ps(u3, u7, 0x31));
+                __m256 r[8];
+                for (i = 0; i < 8; i++)
+                    r[i] = load8_avx2(FA_ROW(i), dt);
+                transpose8_avx2(r);
+                for (i = 0; i < 8; i++)
+                    _mm256_storeu_ps(kt + (d + i) * FA_BK + jb, r[i]);
             }
             for (; d < D; d++)
                 for (jj = 0; jj < 8; jj++)
@@ -286,6 +294,125 @@ static FA_TARGET int load_row_avx2(const void *src, int dt, int64_t n, float *ds
     if (dt == FA_DTYPE_BF16)
         return load_row_dt_avx2(src, FA_DTYPE_BF16, n, dst);
     return load_row_dt_avx2(src, FA_DTYPE_F32, n, dst);
+}
+
+/*
+ * The few-rows kernels (see kernels.inc): the products of gemm_block_avx2 for
+ * nr <= FA_FEW_ROWS query rows, k and v read in place. Scores: eight keys at
+ * a time (rows rs elements of dtype dt apart, converted as pack_kt does),
+ * transposed in registers (transpose8_avx2), one fused multiply-add per key
+ * and step of d, d ascending from 0, as the micro-kernel does. nr and dt are
+ * constants in each inlined copy, so the accumulators live in registers.
+ */
+static FA_ALWAYS_INLINE FA_TARGET void few_scores_n_avx2(const float *q, const int nr,
+                                                         const void *k, const int dt, int64_t rs,
+                                                         int64_t D, int64_t nk, float *s)
+{
+    const int64_t esz = (int64_t)fa_dtype_size(dt);
+    int64_t jb, d;
+    int r, i;
+    for (jb = 0; jb < nk; jb += 8) {
+        const char *kr[8];
+        __m256 acc[FA_FEW_ROWS];
+        for (i = 0; i < 8; i++) /* keys past nk: any row (their scores are masked) */
+            kr[i] = (const char *)k + (jb + i < nk ? jb + i : nk - 1) * rs * esz;
+        for (r = 0; r < nr; r++)
+            acc[r] = _mm256_setzero_ps();
+        for (d = 0; d + 8 <= D; d += 8) {
+            __m256 c[8];
+            for (i = 0; i < 8; i++)
+                c[i] = load8_avx2(kr[i] + d * esz, dt);
+            transpose8_avx2(c);
+            for (i = 0; i < 8; i++)
+                for (r = 0; r < nr; r++)
+                    acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(q + r * D + d + i), c[i], acc[r]);
+        }
+        for (; d < D; d++) {
+            const __m256 c = _mm256_setr_ps(
+                fa_load_elem(kr[0], d, dt), fa_load_elem(kr[1], d, dt), fa_load_elem(kr[2], d, dt),
+                fa_load_elem(kr[3], d, dt), fa_load_elem(kr[4], d, dt), fa_load_elem(kr[5], d, dt),
+                fa_load_elem(kr[6], d, dt), fa_load_elem(kr[7], d, dt));
+            for (r = 0; r < nr; r++)
+                acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(q + r * D + d), c, acc[r]);
+        }
+        for (r = 0; r < nr; r++)
+            _mm256_storeu_ps(s + r * FA_BK + jb, acc[r]);
+    }
+}
+
+static FA_ALWAYS_INLINE FA_TARGET void few_scores_dt_avx2(const float *q, int64_t nr,
+                                                          const void *k, const int dt, int64_t rs,
+                                                          int64_t D, int64_t nk, float *s)
+{
+    switch (nr) {
+    case 1: few_scores_n_avx2(q, 1, k, dt, rs, D, nk, s); break;
+    case 2: few_scores_n_avx2(q, 2, k, dt, rs, D, nk, s); break;
+    case 3: few_scores_n_avx2(q, 3, k, dt, rs, D, nk, s); break;
+    case 4: few_scores_n_avx2(q, 4, k, dt, rs, D, nk, s); break;
+    case 5: few_scores_n_avx2(q, 5, k, dt, rs, D, nk, s); break;
+    case 6: few_scores_n_avx2(q, 6, k, dt, rs, D, nk, s); break;
+    case 7: few_scores_n_avx2(q, 7, k, dt, rs, D, nk, s); break;
+    default: few_scores_n_avx2(q, 8, k, dt, rs, D, nk, s); break;
+    }
+}
+
+#define FA_HAVE_FEW_KERNELS 1
+static FA_TARGET void few_scores_avx2(const float *q, int64_t nr, const void *k, int dt,
+                                      int64_t rs, int64_t D, int64_t nk, float *s)
+{
+    if (dt == FA_DTYPE_F16)
+        few_scores_dt_avx2(q, nr, k, FA_DTYPE_F16, rs, D, nk, s);
+    else if (dt == FA_DTYPE_BF16)
+        few_scores_dt_avx2(q, nr, k, FA_DTYPE_BF16, rs, D, nk, s);
+    else
+        few_scores_dt_avx2(q, nr, k, FA_DTYPE_F32, rs, D, nk, s);
+}
+
+/* tile[r * Dvp + c] = sum over jj < nk of p[r * FA_BK + jj] vp[jj * ld + c] for
+ * the nr rows (vp from v_tile: Dvp float32 columns): gemm_block_avx2's sum, one
+ * fused multiply-add per key, jj ascending from 0, 16 columns at a time. */
+static FA_ALWAYS_INLINE FA_TARGET void few_pv_n_avx2(const float *p, const int nr, const float *vp,
+                                                     int64_t ld, int64_t Dvp, int64_t nk,
+                                                     float *tile)
+{
+    int64_t c, jj;
+    int r;
+    for (c = 0; c < Dvp; c += 16) {
+        __m256 a0[FA_FEW_ROWS], a1[FA_FEW_ROWS];
+        for (r = 0; r < nr; r++)
+            a0[r] = a1[r] = _mm256_setzero_ps();
+        for (jj = 0; jj < nk; jj++) {
+            const __m256 v0 = _mm256_loadu_ps(vp + jj * ld + c);
+            const __m256 v1 = _mm256_loadu_ps(vp + jj * ld + c + 8);
+            for (r = 0; r < nr; r++) {
+                const __m256 pr = _mm256_broadcast_ss(p + r * FA_BK + jj);
+                a0[r] = _mm256_fmadd_ps(pr, v0, a0[r]);
+                a1[r] = _mm256_fmadd_ps(pr, v1, a1[r]);
+            }
+        }
+        for (r = 0; r < nr; r++) {
+            _mm256_storeu_ps(tile + r * Dvp + c, a0[r]);
+            _mm256_storeu_ps(tile + r * Dvp + c + 8, a1[r]);
+        }
+    }
+}
+
+static FA_TARGET void few_pv_avx2(const float *p, int64_t nr, const float *vp, int64_t ld,
+                                  int64_t Dvp, int64_t nk, float *tile)
+{
+    if (nr > 6) { /* two passes: twelve accumulators at most */
+        few_pv_n_avx2(p, 4, vp, ld, Dvp, nk, tile);
+        few_pv_avx2(p + 4 * FA_BK, nr - 4, vp, ld, Dvp, nk, tile + 4 * Dvp);
+        return;
+    }
+    switch (nr) {
+    case 1: few_pv_n_avx2(p, 1, vp, ld, Dvp, nk, tile); break;
+    case 2: few_pv_n_avx2(p, 2, vp, ld, Dvp, nk, tile); break;
+    case 3: few_pv_n_avx2(p, 3, vp, ld, Dvp, nk, tile); break;
+    case 4: few_pv_n_avx2(p, 4, vp, ld, Dvp, nk, tile); break;
+    case 5: few_pv_n_avx2(p, 5, vp, ld, Dvp, nk, tile); break;
+    default: few_pv_n_avx2(p, 6, vp, ld, Dvp, nk, tile); break;
+    }
 }
 
 /* Lanes [0, n) of eight (n < 8), as a mask for maskload / maskstore. */

@@ -1,0 +1,132 @@
+"""The few-query-rows path (decoding: a unit of at most 8 query rows, one per
+head or the heads of one GQA group) reads k and v in place instead of packing
+tiles; it must give every row exactly the bits the general path gives it:
+decode, short and long calls agree where they overlap, on every SIMD path and
+for any thread count."""
+import numpy as np
+import pytest
+
+import fastattn
+from fastattn import _core
+
+from conftest import assert_close, assert_same_bits, qkv
+
+PATHS = _core.simd_available()
+
+
+@pytest.fixture(params=PATHS)
+def simd(request):
+    before = fastattn.show_config(print_=False)["simd"]
+    _core.select_simd(request.param)
+    yield request.param
+    _core.select_simd(before)
+
+
+def _sdpa(q, k, v, mask=None, **kw):
+    return fastattn.scaled_dot_product_attention(q, k, v, mask, return_lse=True,
+                                                 enable_gqa=q.shape[-3] != k.shape[-3], **kw)
+
+
+# (heads, kv heads, S, D, Dv): groups of 1 to 9 rows per unit at L = 1 (9: the
+# general path), S across a key chunk (1024), D and Dv off the vector widths.
+SHAPES = [(4, 4, 70, 16, 16), (8, 2, 2100, 64, 64), (14, 2, 256, 64, 64), (7, 7, 33, 13, 20),
+          (16, 2, 300, 24, 40), (9, 1, 129, 8, 8), (3, 1, 1500, 128, 128), (2, 2, 5, 3, 1)]
+
+
+@pytest.mark.parametrize("H,Hkv,S,D,Dv", SHAPES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_decode_rows_have_the_bits_of_a_prefill(simd, rng, H, Hkv, S, D, Dv, causal):
+    L = 40
+    q, k, v = qkv(rng, (2, H, L, D), (2, Hkv, S, D), (2, Hkv, S, Dv))
+    full, lse = _sdpa(q, k, v, is_causal=causal)
+    for i in (0, 17, L - 1):
+        # row i sees keys j <= i + S - L under causal (bottom-right): alone, with
+        # exactly those keys it is the last row of a decoding step
+        Si = i + S - L + 1 if causal else S
+        if Si < 1:
+            continue
+        o, lo = _sdpa(q[:, :, i:i + 1], k[:, :, :Si], v[:, :, :Si], is_causal=causal)
+        assert_same_bits(o, full[:, :, i:i + 1])
+        assert_same_bits(lo, lse[:, :, i:i + 1])
+        # a short call: a few rows (still the few-rows path for small groups)
+        o3, l3 = _sdpa(q[:, :, i:i + 3], k, v)
+        f3, g3 = _sdpa(q, k, v)
+        assert_same_bits(o3, f3[:, :, i:i + 3])
+        assert_same_bits(l3, g3[:, :, i:i + 3])
+
+
+@pytest.mark.parametrize("nthreads", [1, 2, 3])
+def test_decode_bits_do_not_depend_on_threads(simd, rng, threads, nthreads):
+    # one kv head and a long cache: the unit's key chunks are split over threads
+    q, k, v = qkv(rng, (1, 4, 1, 64), (1, 1, 5000, 64), (1, 1, 5000, 64))
+    threads(1)
+    want = _sdpa(q, k, v)
+    threads(nthreads)
+    got = _sdpa(q, k, v)
+    assert_same_bits(got[0], want[0])
+    assert_same_bits(got[1], want[1])
+    assert_close(got[0], fastattn.reference.scaled_dot_product_attention(
+        q, k, v, enable_gqa=True))
+
+
+def test_decode_masks_and_windows_match_the_general_path(simd, rng):
+    B, H, Hkv, L, S, D = 3, 6, 2, 24, 300, 32
+    q, k, v = qkv(rng, (B, H, L, D), (B, Hkv, S, D), (B, Hkv, S, D))
+    pad = (np.arange(S) < np.array([300, 120, 1])[:, None])[:, None, None, :]
+    fmask = rng.standard_normal((B, 1, L, S)).astype(np.float32)
+    fmask[fmask < -1.0] = -np.inf
+    for mask, window, rows in [(pad, None, (0, 11, L - 1)), (fmask, None, (0, 11, L - 1)),
+                               (None, (50, 3), (L - 1,)), (pad, (7, 7), (L - 1,))]:
+        # (a lone row sits where the last row of the call sits: windows are
+        # checked on that row)
+        full = _sdpa(q, k, v, mask, window=window)
+        for i in rows:
+            mi = mask if mask is None or mask.shape[-2] == 1 else mask[..., i:i + 1, :]
+            o = _sdpa(q[:, :, i:i + 1], k, v, mi, window=window)
+            assert_same_bits(o[0], full[0][:, :, i:i + 1])
+            assert_same_bits(o[1], full[1][:, :, i:i + 1])
+
+
+def test_decode_non_finite_values_only_where_allowed(simd, rng):
+    q, k, v = qkv(rng, (1, 4, 1, 16), (1, 1, 200, 16), (1, 1, 200, 16))
+    pad = np.arange(200) < 150
+    v[0, 0, 170] = np.nan  # a masked key: never read
+    o = _sdpa(q, k, v, pad)[0]
+    assert np.isfinite(o).all()
+    assert_same_bits(o, _sdpa(np.repeat(q, 30, axis=2), k, v, pad)[0][:, :, :1])
+    v[0, 0, 10] = np.inf  # an allowed key: inf or NaN reaches the output
+    o = _sdpa(q, k, v, pad)[0]
+    assert not np.isfinite(o).all()
+    assert_same_bits(o, _sdpa(np.repeat(q, 30, axis=2), k, v, pad)[0][:, :, :1])
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_decode_half_precision_kv_matches_the_general_path(simd, rng, dtype):
+    if dtype == "bfloat16":
+        ml_dtypes = pytest.importorskip("ml_dtypes")
+        dt = ml_dtypes.bfloat16
+    else:
+        dt = np.float16
+    L, S = 30, 1100
+    q, k, v = qkv(rng, (1, 8, L, 24), (1, 2, S, 24), (1, 2, S, 20))
+    k, v = k.astype(dt), v.astype(dt)
+    full = _sdpa(q, k, v)
+    for i in (0, L - 1):
+        o = _sdpa(q[:, :, i:i + 1], k, v)
+        assert_same_bits(o[0], full[0][:, :, i:i + 1])
+        assert_same_bits(o[1], full[1][:, :, i:i + 1])
+
+
+def test_decode_strided_kv_matches_the_general_path(simd, rng):
+    # k and v in the (B, S, heads, D) layout of a KV cache, viewed as (B, heads, S, D)
+    L, S = 30, 700
+    q = qkv(rng, (2, 8, L, 16), (1,), (1,))[0]
+    k = rng.standard_normal((2, S, 2, 16)).astype(np.float32).transpose(0, 2, 1, 3)
+    v = rng.standard_normal((2, S, 2, 16)).astype(np.float32).transpose(0, 2, 1, 3)
+    full = _sdpa(q, k, v)
+    dense = _sdpa(q, np.ascontiguousarray(k), np.ascontiguousarray(v))
+    assert_same_bits(full[0], dense[0])
+    for i in (0, L - 1):
+        o = _sdpa(q[:, :, i:i + 1], k, v)
+        assert_same_bits(o[0], full[0][:, :, i:i + 1])
+        assert_same_bits(o[1], full[1][:, :, i:i + 1])
