@@ -260,3 +260,19 @@ def test_fuzz_against_reference(P, rows, Dv, seed, minus_inf):
     np.testing.assert_allclose(o, ro, **TOL)
     np.testing.assert_allclose(lse, rlse, **TOL)
     assert not np.isnan(o).any() and not np.isnan(lse).any()
+
+
+def test_many_partials_same_bits_as_few(rng):
+    """Beyond 64 partials the kernel sums column blocks instead of registers:
+    the same sums in the same order, so -inf partials added change no bit."""
+    outs, lses = randn(rng, 3, 5, 40), randn(rng, 3, 5, scale=4)
+    few = fastattn.merge_attention(outs, lses)
+    pad_o = np.concatenate([outs, np.full((67, 5, 40), np.nan, np.float32)])
+    pad_l = np.concatenate([lses, np.full((67, 5), -np.inf, np.float32)])
+    many = fastattn.merge_attention(pad_o, pad_l)
+    assert many[0].tobytes() == few[0].tobytes() and many[1].tobytes() == few[1].tobytes()
+    outs, lses = randn(rng, 100, 4, 300), randn(rng, 100, 4, scale=4)
+    o, lse = fastattn.merge_attention(outs, lses)
+    ro, rlse = reference.merge_attention(outs, lses)
+    np.testing.assert_allclose(o, ro, **TOL)
+    np.testing.assert_allclose(lse, rlse, **TOL)

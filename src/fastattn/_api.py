@@ -790,7 +790,8 @@ def merge_attention(outs, lses, *, out=None):
     Notes
     -----
     Per row, with ``m = max_p lse_p``: ``lse = m + log(sum_p exp(lse_p - m))``
-    and ``o = sum_p exp(lse_p - lse) * o_p``, the sums taken in float64 in the
+    in float64, and ``o = sum_p c_p * o_p`` with ``c_p = exp(lse_p - lse)``,
+    summed in float32 (as attention accumulates its output), both sums in the
     order p = 0, 1, ..., P - 1, so the same inputs give the same bits whatever
     the thread count. Partials merge associatively up to rounding: merging
     merged results (a tree, as :mod:`fastattn.dask` does) agrees with one
