@@ -256,3 +256,15 @@ def test_docstring_examples():
 
     result = doctest.testmod(fdask, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_half_precision_kv_pass_through(rng):
+    """float16 k and v reach each task as stored (the in-memory call reads them
+    in place): the same as the in-memory call on the whole arrays."""
+    q = randn(rng, 2, 10, 8)
+    k, v = randn(rng, 2, 21, 8).astype(np.float16), randn(rng, 2, 21, 4).astype(np.float16)
+    res = fdask.scaled_dot_product_attention(da.from_array(q, chunks=(1, 4, -1)),
+                                             da.from_array(k, chunks=(1, 6, -1)),
+                                             da.from_array(v, chunks=(1, 6, -1)),
+                                             is_causal=True, return_lse=True)
+    _check(res, q, k, v, is_causal=True)
