@@ -26,7 +26,6 @@
 #include <stdlib.h>
 
 #define FA_MAX_PARTIAL (32.0 * 1024 * 1024) /* bytes of partials for split units, at most */
-static const double LN2 = 0.69314718055994530942;
 
 static void scratch_free(fa_scratch *w)
 {
@@ -103,8 +102,8 @@ void fa_merge_chunk(int64_t nr, int64_t Dvp, const float *m, const double *l, co
             continue;
         }
         mn = (mo != mo || mc != mc) ? NAN : (mc > mo ? mc : mo); /* NaN-propagating max */
-        f = fa_exp2f(mo - mn);
-        g = fa_exp2f(mc - mn);
+        f = fa_exp2f((mo - mn) * FA_LOG2E);
+        g = fa_exp2f((mc - mn) * FA_LOG2E);
         L[r] = L[r] * (double)f + l[r] * (double)g;
         for (d = 0; d < Dvp; d++)
             dst[d] = dst[d] * f + src[d] * g;
@@ -118,24 +117,37 @@ void fa_finish_rows(const fa_attn_args *a, const fa_unit *u, int64_t Dvp, const 
     const int64_t Dv = a->Dv, nr = u->nh * u->nq;
     int64_t r, d;
     for (r = 0; r < nr; r++) {
-        const int64_t row = (u->b0 + r / u->nq) * a->L + u->i0 + r % u->nq;
+        const int64_t b = u->b0 + r / u->nq, row = b * a->L + u->i0 + r % u->nq;
         const float m = M[r];
+        const float sink = a->sinks ? a->sinks[b] : -INFINITY; /* -inf: no sink */
         const float *acc = A + r * Dvp;
         float *o = Dv > 0 ? out + row * Dv : NULL;
         float lse_r;
-        if (m != m || m == INFINITY) { /* NaN among the allowed scores, or +inf */
+        if (m != m || m == INFINITY || sink != sink) {
+            /* NaN among the allowed scores or a NaN sink, or an allowed +inf */
             for (d = 0; d < Dv; d++)
                 o[d] = NAN;
-            lse_r = m;
-        } else if (m == -INFINITY) { /* no allowed key, or all scores -inf */
+            lse_r = sink != sink ? sink : m;
+        } else if (m == -INFINITY || sink == INFINITY) {
+            /* no allowed key (or all scores -inf): the sink alone, lse = sink
+             * (-inf without one); a +inf sink takes all the weight */
             for (d = 0; d < Dv; d++)
                 o[d] = 0.0f;
-            lse_r = -INFINITY;
-        } else {
+            lse_r = m == -INFINITY ? sink : INFINITY;
+        } else if (sink == -INFINITY) {
             const double inv = 1.0 / L[r];
             for (d = 0; d < Dv; d++)
                 o[d] = (float)((double)acc[d] * inv);
-            lse_r = (float)((double)m * LN2 + log(L[r]));
+            lse_r = (float)((double)m + log(L[r]));
+        } else {
+            /* the sink's exp(sink) joins the sum: both shifted by the larger */
+            const double mm = sink > m ? (double)sink : (double)m;
+            const double f = exp((double)m - mm);
+            const double den = L[r] * f + exp((double)sink - mm);
+            const double scale = f / den;
+            for (d = 0; d < Dv; d++)
+                o[d] = (float)((double)acc[d] * scale);
+            lse_r = (float)(mm + log(den));
         }
         if (lse)
             lse[row] = lse_r;
@@ -198,6 +210,11 @@ static int check_args(const fa_attn_args *a, int nthreads)
     }
     if (a->mask_kind != FA_MASK_NONE && a->mask_kind != FA_MASK_BOOL
         && a->mask_kind != FA_MASK_FLOAT)
+        return FA_ERR_ARG;
+    if (!(a->softcap >= 0.0f && a->softcap <= 3.40282347e38f)) /* 0: off; NaN fails */
+        return FA_ERR_ARG;
+    if (a->seg_q && a->nbatch > 0 && a->L > 0 && a->S > 0
+        && (!a->seg_k || !a->seg_q_off || !a->seg_k_off))
         return FA_ERR_ARG;
     if (a->mask_kind != FA_MASK_NONE && a->nbatch > 0 && a->L > 0 && a->S > 0) {
         if (!a->mask_off)

@@ -47,7 +47,7 @@ typedef struct {
 } fa_unit;
 
 /* One key chunk's result for the rows of a unit, when a unit's chunks are
- * split over threads: running max (log2 domain), sum, and Dvp accumulators per row. */
+ * split over threads: running max (natural units), sum, and Dvp accumulators per row. */
 typedef struct {
     float *m;
     double *l;
@@ -63,7 +63,7 @@ typedef struct {
     float *vpad;      /* FA_BK x Dvp  the value tile, zero padded */
     float *tile;      /* FA_BQ x Dvp  one tile's P.V */
     float *acc;       /* FA_BQ x Dvp  running accumulators */
-    float *m;         /* FA_BQ running maxima (log2 domain) */
+    float *m;         /* FA_BQ running maxima of the scores */
     float *alpha;     /* FA_BQ rescale factors of the current tile */
     double *l;        /* FA_BQ running sums */
     int64_t *lo, *hi; /* FA_BQ allowed key ranges */

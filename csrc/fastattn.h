@@ -61,9 +61,17 @@ int fa_rowwise_f32(const float *x, float *out, int64_t nrows, int64_t n, int op,
  * likewise with v_ps, v_off, v_rs). block_size must be a positive multiple of
  * 64 (the key tile); every entry used (j < S) must lie in [0, num_pages).
  *
- * Query row i sits at key position p = i + S - L (bottom-right alignment); key j
- * is allowed iff the bool mask is true, !is_causal || j <= p,
- * win_left < 0 || j >= p - win_left and win_right < 0 || j <= p + win_right.
+ * Query row i sits at key position p = i + S - L (bottom-right alignment).
+ * Scores, in natural units and this order: s = scale (q . k); with softcap > 0,
+ * s = softcap tanh(s / softcap); with alibi_slopes, s -= alibi_slopes[b] |p - j|;
+ * plus the float mask. Key j is allowed iff the bool mask is true,
+ * !is_causal || j <= p, win_left < 0 || j >= p - win_left,
+ * win_right < 0 || j <= p + win_right, and (with segment ids)
+ * seg_q[seg_q_off[b] + i seg_q_sl] == seg_k[seg_k_off[b] + j seg_k_ss].
+ * seg_sorted = 1 promises that every batch item's key ids are non-decreasing
+ * along S: each row's allowed keys are then one range, found by bisection, and
+ * the tiles outside it are skipped. With sinks, row i of item b has one more
+ * key, of score sinks[b] and value 0, in its softmax and lse.
  */
 typedef struct {
     int64_t nbatch, L, S, D, Dv;
@@ -87,6 +95,15 @@ typedef struct {
     int is_causal;
     int64_t win_left, win_right; /* < 0: unbounded */
     float scale;
+    float softcap;               /* 0: off; else finite > 0 */
+    const float *alibi_slopes;   /* nbatch slopes, or NULL */
+    const float *sinks;          /* nbatch sink logits, or NULL */
+    const int64_t *seg_q;        /* segment ids, or NULL (then seg_k is unused) */
+    const int64_t *seg_k;
+    const int64_t *seg_q_off;    /* per batch item */
+    const int64_t *seg_k_off;
+    int64_t seg_q_sl, seg_k_ss;  /* element strides along L and S (0: broadcast) */
+    int seg_sorted;
 } fa_attn_args;
 
 /* out: nbatch * L * Dv floats (row-major); lse: nbatch * L floats or NULL. */

@@ -374,6 +374,14 @@ def _run_attention(a, result, lse=None, weights=False):
     v = a.v if a.v is not None else np.zeros((1, 0), np.float32)
     k_arr, k_dtype = _kv_operand(a.k)
     v_arr, v_dtype = _kv_operand(v)
+    segments = None
+    if a.segments is not None:
+        ids_q, ids_kv = a.segments.q, a.segments.kv
+        nd = len(a.batch) + 1
+        segments = (ids_q.reshape(-1), ids_kv.reshape(-1),
+                    _core.block_offsets(tuple(a.batch), _strides(ids_q, nd)[:-1], 1),
+                    _core.block_offsets(tuple(a.batch), _strides(ids_kv, nd)[:-1], 1),
+                    _strides(ids_q, nd)[-1], _strides(ids_kv, nd)[-1], a.segments.sorted)
     _core.attention(
         a.q, k_arr, v_arr, k_dtype, v_dtype,
         _offsets(a.q, a.batch), _offsets(a.k, a.batch, a.group),
@@ -383,7 +391,9 @@ def _run_attention(a, result, lse=None, weights=False):
         flat_mask, mask_off, mask_sl, mask_ss, a.is_causal,
         -1 if left is None else left, -1 if right is None else right,
         a.scale, result.reshape(-1), None if lse is None else lse.reshape(-1),
-        get_num_threads(), weights,
+        get_num_threads(), weights, a.softcap,
+        None if a.alibi_slopes is None else a.alibi_slopes.reshape(-1),
+        None if a.sinks is None else a.sinks.reshape(-1), segments,
     )
 
 
@@ -456,14 +466,17 @@ def _paged_sdpa(q, k_cache, v_cache, block_table, seqlen, *, is_causal=False, wi
 
 
 _ATTENTION_RULES = """
-    Scores are ``s_ij = scale * (q_i . k_j)``, plus ``attn_mask[..., i, j]``
-    for a float mask. Query row ``i`` sits at key position
-    ``p_i = i + S - L`` (bottom-right alignment, as in FlashAttention >= 2.1 and
-    MLX: the last query lines up with the last key). Key ``j`` is allowed for
-    query ``i`` iff the bool mask is True there, ``j <= p_i`` when
-    `is_causal`, and ``p_i - left <= j <= p_i + right`` for
-    ``window=(left, right)`` (None = unbounded); the constraints intersect. A
-    float mask entry of -inf masks its key exactly like a bool False.
+    Scores, in this order: ``s_ij = scale * (q_i . k_j)``; with `softcap`
+    ``c``, ``s_ij = c * tanh(s_ij / c)``; with `alibi_slopes`,
+    ``s_ij -= slope * |p_i - j|``; plus ``attn_mask[..., i, j]`` for a float
+    mask. Query row ``i`` sits at key position ``p_i = i + S - L``
+    (bottom-right alignment, as in FlashAttention >= 2.1 and MLX: the last
+    query lines up with the last key). Key ``j`` is allowed for query ``i``
+    iff the bool mask is True there, ``j <= p_i`` when `is_causal`,
+    ``p_i - left <= j <= p_i + right`` for ``window=(left, right)`` (None =
+    unbounded), and ``q_ids[..., i] == kv_ids[..., j]`` for
+    ``segment_ids=(q_ids, kv_ids)``; the constraints intersect. A float mask
+    entry of -inf masks its key exactly like a bool False.
 
     Weights are the softmax of the allowed scores (Vaswani et al. 2017).
     A key whose score is -inf (not allowed, float-masked, or a -inf product)
@@ -473,19 +486,80 @@ _ATTENTION_RULES = """
     lse -inf (never NaN); a NaN among the allowed scores gives a NaN row (lse
     NaN); m = +inf gives a NaN row and lse +inf.
 
+    With `sinks`, each row's softmax has one more key, of score ``sink`` (its
+    head's value) and value 0 (gpt-oss, ONNX Runtime's ``head_sink``):
+    ``w_ij = exp(s_ij) / (exp(sink) + sum_j' exp(s_ij'))`` and
+    ``lse_i = log(exp(sink) + sum_j exp(s_ij))``, so a row's weights sum to
+    less than 1. A row with no allowed key gives 0 and lse = sink; a sink of
+    -inf is no sink; a NaN sink gives a NaN row; a +inf sink takes all the
+    weight (an output row of 0, lse +inf), unless an allowed score is +inf or
+    NaN too (a NaN row).
+
     The kernels compute in float32 (dot products accumulated in float32,
-    sums of weights in float64). float16 and bfloat16 elements of k and v
-    are converted to float32 exactly, where the kernels read them (once per
+    sums of weights in float64) and keep the scores in natural units: a
+    finite score stays finite, so a row whose allowed scores all equal a huge
+    value such as ``np.finfo(np.float32).min`` (Hugging Face's padding
+    sentinel) gets equal weights and a finite lse, as float32 arithmetic on
+    the formula gives. float16 and bfloat16 elements of k and v are
+    converted to float32 exactly, where the kernels read them (once per
     element and tile), so a result is bitwise that of the same call on
-    ``k.astype(np.float32)`` and ``v.astype(np.float32)``. A score whose
-    magnitude exceeds the float32 range (about 3.4e38, e.g. ``q . k`` of
-    entries near 1e20) becomes +-inf and the rules above apply, where the
-    float64 reference still has a finite score.
+    ``k.astype(np.float32)`` and ``v.astype(np.float32)``. A score whose exact value exceeds the float32 range
+    (about 3.4e38, e.g. ``q . k`` of entries near 1e20) becomes +-inf and the
+    rules above apply, where the float64 reference still has a finite score.
+    ALiBi distances ``|p_i - j|`` are exact below 2**24; ``tanh`` is within
+    4 float32 ulps.
 """
+
+_NEW_KEYWORDS = """softcap : float, optional
+        Soft-capping of the scores, ``c * tanh(s / c)`` (Gemma 2,
+        FlashAttention's ``softcap``): a finite float > 0 (at least the
+        smallest normal float32); None (default) = off.
+    alibi_slopes : array_like of real floats, optional
+        ALiBi slopes (Press et al. 2022), one per query head: broadcasting to
+        ``q.shape[:-2]``, e.g. shape (Hq,) or (B, Hq); finite. The bias is
+        ``-slope * |p_i - j|`` (FlashAttention's form; under `is_causal` it
+        equals BLOOM's ``+slope * j`` up to a per-row constant, which the
+        softmax cancels).
+    sinks : array_like of real floats, optional
+        Attention-sink logits, one per query head, broadcasting to
+        ``q.shape[:-2]`` (gpt-oss, ONNX Runtime's ``head_sink``): a virtual
+        key of that score and value 0 in every row's softmax and lse. -inf is
+        no sink; NaN gives NaN rows.
+    segment_ids : (array_like of int, array_like of int) or array_like of int, optional
+        Document masking for packed sequences (JAX's segment ids, a
+        FlexAttention document mask): ``(q_ids, kv_ids)`` broadcasting to
+        (..., L) and (..., S), or one array for both when ``L == S``; key
+        ``j`` is allowed for query ``i`` only when their ids are equal (with
+        `is_causal` and ``L == S`` each document is causal on its own). When
+        the key ids are non-decreasing along the sequence each query row's
+        keys are one range, found by bisection, and the tiles outside it are
+        skipped: the cost is that of the documents, not of ``L x S``. Other
+        ids are checked key by key. A pair is a tuple or list of length 2;
+        pass one array as an ndarray."""
+
+
+
+def _sdpa(q, k, v, attn_mask, is_causal, window, scale, softcap, alibi_slopes, sinks,
+          segment_ids, enable_gqa, return_lse, out):
+    a = attention_inputs(q, k, v, attn_mask, is_causal, window, scale, enable_gqa,
+                         softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
+                         segment_ids=segment_ids)
+    shape = a.batch + (a.L, a.Dv)
+    if out is not None:
+        check_out(out, shape, [("q", q), ("k", k), ("v", v), ("attn_mask", attn_mask),
+                               ("q", a.q), ("k", a.k), ("v", a.v), ("attn_mask", a.mask)])
+    else:
+        out = np.empty(shape, np.float32)
+    return_lse = as_bool(return_lse, "return_lse")
+    lse = np.empty(a.batch + (a.L,), np.float32) if return_lse else None
+    _run_attention(a, out, lse)
+    return (out, lse) if return_lse else out
 
 
 def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, window=None,
-                                 scale=None, enable_gqa=False, return_lse=False, out=None):
+                                 scale=None, softcap=None, alibi_slopes=None, sinks=None,
+                                 segment_ids=None, enable_gqa=False, return_lse=False,
+                                 out=None):
     """Scaled dot-product attention, fused, tiled and exact in float32.
 
     ``softmax(scale * q @ k.T + mask) @ v`` over the allowed keys, computed
@@ -522,12 +596,14 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, wi
     scale : float, optional
         Score scale; default ``1 / sqrt(D)``. Any finite value, 0 included
         (equal weights over the allowed keys).
+    {new_keywords}
     enable_gqa : bool, default False
         Grouped-query attention: the head axis is -3 and query head ``h``
         reads kv head ``h // (Hq // Hkv)``; k and v are never repeated.
     return_lse : bool, default False
         Also return ``lse[..., i] = log(sum over allowed j of exp(s_ij))``
-        (natural log), so results over disjoint key sets can be merged exactly.
+        (natural log; with `sinks`, ``exp(sink)`` joins the sum), so results
+        over disjoint key sets can be merged exactly.
     out : ndarray, optional
         Writeable, C-contiguous float32 array of shape (..., L, Dv), not sharing
         memory with any input; receives the output and is returned.
@@ -543,14 +619,19 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, wi
     ------
     TypeError
         If an input is not of a real floating dtype (a mask: bool or real
-        floating), `scale` is not a real number, `is_causal`, `enable_gqa` are
-        not bools, or `out` is not a float32 ndarray.
+        floating), `scale` or `softcap` is not a real number, `alibi_slopes`
+        or `sinks` are not real floats, `segment_ids` are not integers,
+        `is_causal`, `enable_gqa` are not bools, or `out` is not a float32
+        ndarray.
     ValueError
         If an input has fewer than 2 dimensions, D < 1, q's and k's D differ,
         k's and v's S differ, leading dims or the mask do not broadcast, heads
-        do not divide under `enable_gqa`, `scale` is not finite, `window` is not
-        a pair of ints >= 0 or None, or `out` has the wrong shape or layout, is
-        read-only or overlaps an input.
+        do not divide under `enable_gqa`, `scale` is not finite, `softcap` is
+        not a finite float > 0, `alibi_slopes` or `sinks` do not broadcast to
+        ``q.shape[:-2]``, `alibi_slopes` are not finite, `segment_ids` do not
+        broadcast to (..., L) and (..., S) (or are one array while
+        ``L != S``), `window` is not a pair of ints >= 0 or None, or `out` has
+        the wrong shape or layout, is read-only or overlaps an input.
     MemoryError
         If the kernel's working memory (O(threads x tile)) cannot be allocated.
 
@@ -559,9 +640,10 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, wi
     The result is bitwise identical for every thread count, and a query row's
     result does not depend on the other rows, batches or heads of the call.
     Work is parallel over (batch x heads, query tiles) with the GIL released;
-    key tiles wholly outside the causal or window bounds are skipped, so
-    causal attention costs about half of full attention and a window of w
-    keys costs O(L w D). Working memory is O(threads x tile).
+    key tiles wholly outside the causal, window or (non-decreasing) segment
+    bounds are skipped, so causal attention costs about half of full
+    attention and a window of w keys costs O(L w D). Working memory is
+    O(threads x tile).
 
     References
     ----------
@@ -570,6 +652,12 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, wi
        Attention with IO-Awareness", NeurIPS 2022 (tiling, online softmax).
     .. [3] J. Ainslie et al., "GQA: Training Generalized Multi-Query
        Transformer Models from Multi-Head Checkpoints", EMNLP 2023.
+    .. [4] O. Press, N. A. Smith, M. Lewis, "Train Short, Test Long: Attention
+       with Linear Biases Enables Input Length Extrapolation", ICLR 2022 (ALiBi).
+    .. [5] Gemma Team, "Gemma 2: Improving Open Language Models at a Practical
+       Size", 2024 (logit soft-capping).
+    .. [6] G. Xiao et al., "Efficient Streaming Language Models with Attention
+       Sinks", ICLR 2024; OpenAI, "gpt-oss-120b & gpt-oss-20b Model Card", 2025.
 
     Examples
     --------
@@ -591,21 +679,27 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, wi
     >>> o, lse = fastattn.scaled_dot_product_attention(q, k, v, is_causal=True, return_lse=True)
     >>> o.shape, lse.shape
     ((2, 3), (2,))
+
+    Two documents packed in one sequence, each causal on its own; a sink of
+    log(3) per head adds 3 to every row's softmax denominator:
+
+    >>> x = np.ones((1, 4, 1))  # 1 head, 4 tokens, equal scores
+    >>> vals = np.arange(4.0).reshape(1, 4, 1)
+    >>> ids = np.array([0, 0, 1, 1])
+    >>> fastattn.causal_attention(x, x, vals, segment_ids=ids).ravel()
+    array([0. , 0.5, 2. , 2.5], dtype=float32)
+    >>> o, lse = fastattn.causal_attention(x, x, vals, sinks=[np.log(3.0)], scale=0.0,
+    ...                                    return_lse=True)
+    >>> o.ravel().round(4), np.exp(lse).round(4)
+    (array([0.    , 0.2   , 0.5   , 0.8571], dtype=float32), array([[4., 5., 6., 7.]], dtype=float32))
     """
-    a = attention_inputs(q, k, v, attn_mask, is_causal, window, scale, enable_gqa)
-    shape = a.batch + (a.L, a.Dv)
-    if out is not None:
-        check_out(out, shape, [("q", q), ("k", k), ("v", v), ("attn_mask", attn_mask),
-                               ("q", a.q), ("k", a.k), ("v", a.v), ("attn_mask", a.mask)])
-    else:
-        out = np.empty(shape, np.float32)
-    return_lse = as_bool(return_lse, "return_lse")
-    lse = np.empty(a.batch + (a.L,), np.float32) if return_lse else None
-    _run_attention(a, out, lse)
-    return (out, lse) if return_lse else out
+    return _sdpa(q, k, v, attn_mask, is_causal, window, scale, softcap, alibi_slopes, sinks,
+                 segment_ids, enable_gqa, return_lse, out)
 
 
-def causal_attention(q, k, v, attn_mask=None, **kwargs):
+def causal_attention(q, k, v, attn_mask=None, *, window=None, scale=None, softcap=None,
+                     alibi_slopes=None, sinks=None, segment_ids=None, enable_gqa=False,
+                     return_lse=False, out=None):
     """Causal scaled dot-product attention: ``is_causal=True``.
 
     Query row ``i`` attends to keys ``j <= i + S - L`` (bottom-right aligned).
@@ -615,11 +709,8 @@ def causal_attention(q, k, v, attn_mask=None, **kwargs):
 
     Parameters
     ----------
-    q, k, v, attn_mask
+    q, k, v, attn_mask, window, scale, softcap, alibi_slopes, sinks, segment_ids, enable_gqa, return_lse, out
         As in :func:`scaled_dot_product_attention`.
-    **kwargs
-        Any other keyword of :func:`scaled_dot_product_attention` except
-        `is_causal`.
 
     Returns
     -------
@@ -628,9 +719,7 @@ def causal_attention(q, k, v, attn_mask=None, **kwargs):
 
     Raises
     ------
-    TypeError
-        If `is_causal` is passed, and as :func:`scaled_dot_product_attention`.
-    ValueError
+    TypeError, ValueError
         As :func:`scaled_dot_product_attention`.
 
     Examples
@@ -641,12 +730,13 @@ def causal_attention(q, k, v, attn_mask=None, **kwargs):
     >>> fastattn.causal_attention(q, k, v)[0]  # the first query sees only key 0
     array([1.], dtype=float32)
     """
-    if "is_causal" in kwargs:
-        raise TypeError("causal_attention() got an unexpected keyword argument 'is_causal'")
-    return scaled_dot_product_attention(q, k, v, attn_mask, is_causal=True, **kwargs)
+    return _sdpa(q, k, v, attn_mask, True, window, scale, softcap, alibi_slopes, sinks,
+                 segment_ids, enable_gqa, return_lse, out)
 
 
-def sliding_window_attention(q, k, v, window_size, attn_mask=None, **kwargs):
+def sliding_window_attention(q, k, v, window_size, attn_mask=None, *, is_causal=False,
+                             scale=None, softcap=None, alibi_slopes=None, sinks=None,
+                             segment_ids=None, enable_gqa=False, return_lse=False, out=None):
     """Causal attention over a sliding window of `window_size` keys.
 
     Each query sees itself and the ``window_size - 1`` keys before it:
@@ -660,9 +750,9 @@ def sliding_window_attention(q, k, v, window_size, attn_mask=None, **kwargs):
         As in :func:`scaled_dot_product_attention`.
     window_size : int
         Keys seen by each query, itself included; >= 1.
-    **kwargs
-        Any other keyword of :func:`scaled_dot_product_attention` except
-        `window`.
+    is_causal, scale, softcap, alibi_slopes, sinks, segment_ids, enable_gqa, return_lse, out
+        As in :func:`scaled_dot_product_attention` (`is_causal` changes
+        nothing: the window already ends at the query).
 
     Returns
     -------
@@ -672,7 +762,7 @@ def sliding_window_attention(q, k, v, window_size, attn_mask=None, **kwargs):
     Raises
     ------
     TypeError
-        If `window` is passed, and as :func:`scaled_dot_product_attention`.
+        As :func:`scaled_dot_product_attention`.
     ValueError
         If `window_size` is not an int >= 1, and as
         :func:`scaled_dot_product_attention`.
@@ -689,13 +779,12 @@ def sliding_window_attention(q, k, v, window_size, attn_mask=None, **kwargs):
     >>> fastattn.sliding_window_attention(q, k, v, 2).ravel()  # mean of v[i-1], v[i]
     array([0. , 0.5, 1.5, 2.5], dtype=float32)
     """
-    if "window" in kwargs:
-        raise TypeError("sliding_window_attention() got an unexpected keyword argument 'window'")
-    return scaled_dot_product_attention(q, k, v, attn_mask, window=check_window_size(window_size),
-                                        **kwargs)
+    return _sdpa(q, k, v, attn_mask, is_causal, check_window_size(window_size), scale, softcap,
+                 alibi_slopes, sinks, segment_ids, enable_gqa, return_lse, out)
 
 
 def attention_weights(q, k, attn_mask=None, *, is_causal=False, window=None, scale=None,
+                      softcap=None, alibi_slopes=None, sinks=None, segment_ids=None,
                       enable_gqa=False):
     """The attention weights of :func:`scaled_dot_product_attention`.
 
@@ -703,15 +792,17 @@ def attention_weights(q, k, attn_mask=None, *, is_causal=False, window=None, sca
 
     Parameters
     ----------
-    q, k, attn_mask, is_causal, window, scale, enable_gqa
+    q, k, attn_mask, is_causal, window, scale, softcap, alibi_slopes, sinks, segment_ids, enable_gqa
         As in :func:`scaled_dot_product_attention`.
 
     Returns
     -------
     ndarray, float32, shape (..., L, S)
         ``w[..., i, j]``: the softmax over the allowed keys of row ``i``;
-        each row sums to 1, or is all 0 when it has no allowed key (or all its
-        allowed scores are -inf), or is NaN when a NaN or +inf score is allowed.
+        each row sums to 1 (with `sinks`, to 1 minus the sink's weight), or
+        is all 0 when it has no allowed key (or all its allowed scores are
+        -inf, or its sink is +inf), or is NaN when a NaN or +inf score or a
+        NaN sink is allowed.
 
     Raises
     ------
@@ -730,14 +821,16 @@ def attention_weights(q, k, attn_mask=None, *, is_causal=False, window=None, sca
     (array([[0.4011, 0.1978, 0.4011]], dtype=float32), 1.0)
     """
     a = attention_inputs(q, k, None, attn_mask, is_causal, window, scale, enable_gqa,
-                         with_v=False)
+                         with_v=False, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
+                         segment_ids=segment_ids)
     weights = np.zeros(a.batch + (a.L, a.S), np.float32)
     _run_attention(a, weights, weights=True)
     return weights
 
 
 for _g in (scaled_dot_product_attention, attention_weights):
-    _g.__doc__ = (_g.__doc__ or "").replace("{rules}", _ATTENTION_RULES)
+    _g.__doc__ = ((_g.__doc__ or "").replace("{rules}", _ATTENTION_RULES)
+                  .replace("{new_keywords}", _NEW_KEYWORDS))
 del _g
 
 

@@ -38,6 +38,15 @@ cdef extern from "fastattn.h" nogil:
         int is_causal
         int64_t win_left, win_right
         float scale
+        float softcap
+        const float *alibi_slopes
+        const float *sinks
+        const int64_t *seg_q
+        const int64_t *seg_k
+        const int64_t *seg_q_off
+        const int64_t *seg_k_off
+        int64_t seg_q_sl, seg_k_ss
+        int seg_sorted
 
     int fa_rowwise_f32(const float *x, float *out, int64_t nrows, int64_t n, int op,
                        int nthreads)

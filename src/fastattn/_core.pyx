@@ -103,7 +103,8 @@ def attention(q, k, v, int k_dtype, int v_dtype,
               int64_t win_left, int64_t win_right, float scale,
               float[::1] out, lse, int nthreads, bint weights=False,
               block_table=None, bt_off=None, int64_t block_size=0, int64_t num_pages=0,
-              int64_t k_ps=0, int64_t v_ps=0):
+              int64_t k_ps=0, int64_t v_ps=0,
+              float softcap=0.0, alibi_slopes=None, sinks=None, segments=None):
     """SDPA (weights=False: out is (nbatch*L*Dv), lse None or (nbatch*L)) or the
     attention weights (weights=True: out is (nbatch*L*S)).
 
@@ -117,12 +118,22 @@ def attention(q, k, v, int k_dtype, int v_dtype,
     num_pages (every entry used must be below it) and the page strides k_ps,
     v_ps: see fa_attn_args in csrc/fastattn.h. The kernel checks the table
     and raises ValueError for an entry out of range.
+
+    softcap: 0 = off. alibi_slopes, sinks: None or nbatch float32 values.
+    segments: None or (q_ids, kv_ids, q_off, kv_off, q_sl, kv_ss, sorted) with
+    int64 1-d arrays of ids and per-item offsets.
     """
     cdef fa_attn_args a
     cdef const uint8_t[::1] bmask
     cdef const float[::1] fmask
     cdef const int32_t[::1] bt_view
     cdef const int64_t[::1] bt_off_view
+    cdef const float[::1] slopes_view
+    cdef const float[::1] sinks_view
+    cdef const int64_t[::1] seg_q
+    cdef const int64_t[::1] seg_k
+    cdef const int64_t[::1] seg_q_off
+    cdef const int64_t[::1] seg_k_off
     cdef float[::1] lse_view
     cdef float *lse_ptr = NULL
     cdef Py_buffer qb, kb, vb
@@ -169,6 +180,31 @@ def attention(q, k, v, int k_dtype, int v_dtype,
     a.win_left = win_left
     a.win_right = win_right
     a.scale = scale
+    a.softcap = softcap
+    a.alibi_slopes = NULL
+    a.sinks = NULL
+    a.seg_q = NULL
+    a.seg_k = NULL
+    a.seg_q_off = NULL
+    a.seg_k_off = NULL
+    a.seg_q_sl = 0
+    a.seg_k_ss = 0
+    a.seg_sorted = 0
+    if alibi_slopes is not None:
+        slopes_view = alibi_slopes
+        a.alibi_slopes = _fptr(slopes_view)
+    if sinks is not None:
+        sinks_view = sinks
+        a.sinks = _fptr(sinks_view)
+    if segments is not None:
+        seg_q, seg_k, seg_q_off, seg_k_off = segments[:4]
+        a.seg_q = _iptr(seg_q)
+        a.seg_k = _iptr(seg_k)
+        a.seg_q_off = _iptr(seg_q_off)
+        a.seg_k_off = _iptr(seg_k_off)
+        a.seg_q_sl = segments[4]
+        a.seg_k_ss = segments[5]
+        a.seg_sorted = bool(segments[6])
     if lse is not None:
         lse_view = lse
         lse_ptr = _wptr(lse_view)

@@ -207,6 +207,112 @@ def check_scale(scale: Any, D: int) -> float:
     return value
 
 
+def check_softcap(softcap):
+    """The soft cap: 0.0 for None (off), else a finite float > 0 (as float32)."""
+    if softcap is None:
+        return 0.0
+    if isinstance(softcap, (bool, np.bool_)) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"softcap must be a real number > 0 or None, got "
+                        f"{type(softcap).__name__}")
+    try:
+        value = float(softcap)
+    except OverflowError:  # an int beyond float64's range
+        value = math.inf
+    if not math.isfinite(value) or value <= 0 or abs(value) > _FLOAT32_MAX:
+        raise ValueError(f"softcap must be a finite number > 0 (in float32) or None, "
+                         f"got {softcap!r}")
+    value32 = float(np.float32(value))
+    if value32 < float(np.finfo(np.float32).tiny):
+        raise ValueError(f"softcap must be at least {np.finfo(np.float32).tiny} (the "
+                         f"smallest normal float32), got {softcap!r}")
+    return value32
+
+
+def per_head(value, name, head_shape, batch, finite):
+    """`value` (None, or real floats broadcasting to `head_shape`, which is
+    q.shape[:-2]) as a C-contiguous float32 array of shape `batch`, or None."""
+    if value is None:
+        return None
+    if isinstance(value, np.ma.MaskedArray):
+        raise TypeError(f"{name} must be a plain array of real floats, not a masked array")
+    try:
+        arr = np.asarray(value)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name} must be an array of real floats: {exc}") from None
+    if arr.dtype.kind != "f":
+        raise TypeError(f"{name} must have a real floating dtype (float16, float32 or "
+                        f"float64), got {arr.dtype}")
+    head_shape = tuple(head_shape)
+    try:
+        ok = np.broadcast_shapes(arr.shape, head_shape) == head_shape
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"{name} of shape {arr.shape} does not broadcast to q.shape[:-2] = "
+                         f"{head_shape} (one value per query head, e.g. shape "
+                         f"{head_shape[-1:]} or {head_shape})")
+    with np.errstate(over="ignore"):
+        arr32 = arr.astype(np.float32)
+    if finite and not np.isfinite(arr32).all():
+        bad = arr[~np.isfinite(arr32)].reshape(-1)[0]
+        raise ValueError(f"{name} must be finite (in float32), got {bad!r}")
+    return np.ascontiguousarray(np.broadcast_to(np.broadcast_to(arr32, head_shape), batch))
+
+
+@dataclass
+class SegmentIds:
+    """Validated segment ids: int64 arrays broadcasting to batch + (L,) and
+    batch + (S,), unbroadcast, and whether every key id row is non-decreasing."""
+
+    q: np.ndarray
+    kv: np.ndarray
+    sorted: bool
+
+
+def _ids(value, name, target):
+    if isinstance(value, np.ma.MaskedArray):
+        raise TypeError(f"{name} must be a plain integer array, not a masked array")
+    try:
+        arr = np.asarray(value)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name} must be an integer array: {exc}") from None
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"{name} must have an integer dtype, got {arr.dtype}")
+    try:
+        ok = np.broadcast_shapes(arr.shape, target) == target
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"{name} of shape {arr.shape} does not broadcast to {target}")
+    arr = compact_broadcast(arr)
+    if arr.dtype == np.uint64:  # reinterpreted: equal ids stay equal, different ones differ
+        return np.ascontiguousarray(arr).view(np.int64)
+    return np.ascontiguousarray(arr, dtype=np.int64)
+
+
+def check_segment_ids(segment_ids, batch, L, S):
+    """SegmentIds from `segment_ids`: None, a pair (q_ids, kv_ids) (tuple or
+    list), or one integer array serving both when L == S."""
+    if segment_ids is None:
+        return None
+    if isinstance(segment_ids, (tuple, list)) and len(segment_ids) == 2:
+        q_ids, kv_ids = segment_ids
+    elif isinstance(segment_ids, (tuple, list)):
+        raise ValueError(f"segment_ids must be one integer array or a pair (q_ids, kv_ids), "
+                         f"got a {type(segment_ids).__name__} of length {len(segment_ids)}")
+    elif L != S:
+        raise ValueError(f"one segment_ids array serves queries and keys only when L == S, "
+                         f"got L={L}, S={S}: pass a pair (q_ids, kv_ids)")
+    else:
+        q_ids = kv_ids = segment_ids
+    names = ("segment_ids[0] (q_ids)", "segment_ids[1] (kv_ids)") \
+        if q_ids is not kv_ids else ("segment_ids", "segment_ids")
+    q = _ids(q_ids, names[0], tuple(batch) + (L,))
+    kv = q if kv_ids is q_ids else _ids(kv_ids, names[1], tuple(batch) + (S,))
+    ordered = kv.ndim == 0 or kv.shape[-1] <= 1 or bool(np.all(kv[..., 1:] >= kv[..., :-1]))
+    return SegmentIds(q=q, kv=kv, sorted=ordered)
+
+
 def _window_side(value: Any, side: str) -> Optional[int]:
     if value is None:
         return None
@@ -291,10 +397,16 @@ class AttentionInputs:
     is_causal: bool
     window: Tuple[Optional[int], Optional[int]]
     group: int                  # query heads per kv head (1 without GQA)
+    softcap: float = 0.0        # 0: off
+    alibi_slopes: Optional[np.ndarray] = None  # float32, shape batch
+    sinks: Optional[np.ndarray] = None         # float32, shape batch
+    segments: Optional[SegmentIds] = None
 
 
 def attention_inputs(q: Any, k: Any, v: Any, attn_mask: Any, is_causal: Any, window: Any,
-                     scale: Any, enable_gqa: Any, with_v: bool = True) -> "AttentionInputs":
+                     scale: Any, enable_gqa: Any, with_v: bool = True, softcap: Any = None,
+                     alibi_slopes: Any = None, sinks: Any = None,
+                     segment_ids: Any = None) -> "AttentionInputs":
     """Validate and convert the arguments of SDPA (with_v=False: attention_weights)."""
     names = ("q", "k", "v") if with_v else ("q", "k")
     arrays = [as_rows(x, name, half=name != "q") for x, name in zip((q, k, v), names)]
@@ -363,6 +475,10 @@ def attention_inputs(q: Any, k: Any, v: Any, attn_mask: Any, is_causal: Any, win
     return AttentionInputs(
         q=q, k=k, v=v, mask=mask, batch=batch, L=L, S=S, D=D, Dv=Dv,
         scale=check_scale(scale, D), is_causal=is_causal, window=window, group=group,
+        softcap=check_softcap(softcap),
+        alibi_slopes=per_head(alibi_slopes, "alibi_slopes", q.shape[:-2], batch, True),
+        sinks=per_head(sinks, "sinks", q.shape[:-2], batch, False),
+        segments=check_segment_ids(segment_ids, batch, L, S),
     )
 
 

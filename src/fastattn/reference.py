@@ -113,8 +113,10 @@ def logsumexp(x: ArrayLike, axis: int = -1, *, keepdims: bool = False,
 
 
 def _scores(a):
-    """Step 1-3: scaled scores s = scale * q @ k^T, the float mask added, and
-    -inf wherever a key is not allowed. Shape batch + (L, S), float64."""
+    """Scores in the documented order: s = scale * q @ k^T, soft-capped
+    (c * tanh(s / c)), the ALiBi bias -slope * |p_i - j| subtracted, the float
+    mask added; then -inf wherever a key is not allowed. Shape
+    batch + (L, S), float64."""
     q = a.q.astype(np.float64)
     k = a.k.astype(np.float64)
     if a.group > 1:  # grouped-query attention: query head h reads kv head h // group
@@ -123,9 +125,16 @@ def _scores(a):
         s = a.scale * (q @ np.swapaxes(k, -1, -2))
     s = np.broadcast_to(s, a.batch + (a.L, a.S))
 
-    allowed = np.ones((a.L, a.S), dtype=bool)
     p = np.arange(a.L)[:, None] + a.S - a.L  # query i sits at key position p_i
     j = np.arange(a.S)[None, :]
+    if a.softcap:  # Gemma 2's soft-capping
+        c = float(a.softcap)
+        s = c * np.tanh(s / c)
+    if a.alibi_slopes is not None:  # ALiBi: -slope * |p_i - j|, one slope per query head
+        slopes = a.alibi_slopes.astype(np.float64)[..., None, None]
+        s = s - slopes * np.abs(p - j).astype(np.float64)
+
+    allowed = np.ones((a.L, a.S), dtype=bool)
     left, right = a.window
     if a.is_causal:
         allowed &= j <= p
@@ -133,6 +142,8 @@ def _scores(a):
         allowed &= j >= p - left
     if right is not None:
         allowed &= j <= p + right
+    if a.segments is not None:  # document masking: equal ids only
+        allowed = allowed & (a.segments.q[..., :, None] == a.segments.kv[..., None, :])
     if a.mask is not None and a.mask.dtype == np.bool_:
         allowed = allowed & a.mask
     elif a.mask is not None:  # float mask: added; -inf there masks the key
@@ -142,24 +153,32 @@ def _scores(a):
     return np.where(allowed, s, -np.inf)
 
 
-def _softmax_rows(s):
-    """Step 4: the softmax of each row over its allowed (> -inf) scores, and
-    its log-sum-exp, with the row rules of the user guide (no allowed key: 0 and -inf)."""
+def _softmax_rows(s, sinks=None):
+    """The softmax of each row over its allowed (> -inf) scores, and its
+    log-sum-exp, with the documented row rules; `sinks` (shape batch, or None)
+    add one key of score `sink` and value 0 to every row of their batch item.
+    Returns (w, lse, nan_row)."""
+    sink = np.full(s.shape[:-1] + (1,), -np.inf) if sinks is None else \
+        np.broadcast_to(sinks.astype(np.float64)[..., None, None], s.shape[:-1] + (1,))
     with np.errstate(all="ignore"):
         m = np.max(s, axis=-1, keepdims=True, initial=-np.inf)  # NaN propagates
-        finite = np.isfinite(m)
-        e = np.exp(s - np.where(finite, m, 0.0))
-        total = np.sum(e, axis=-1, keepdims=True)
+        top = np.maximum(m, sink)  # NaN propagates
+        shift = np.where(np.isfinite(top), top, 0.0)
+        e = np.exp(s - shift)
+        total = np.sum(e, axis=-1, keepdims=True) + np.exp(sink - shift)
         w = e / total
-        lse = m + np.log(total)
-    w = np.where(m == -np.inf, 0.0, w)           # no allowed key: all 0
-    w = np.where(np.isnan(m) | (m == np.inf), np.nan, w)  # NaN or +inf allowed: NaN
-    lse = np.where(finite, lse, m)               # -inf, +inf or NaN, as m
-    return w, lse[..., 0]
+        lse = shift + np.log(total)
+    nan_row = np.isnan(m) | np.isnan(sink) | (m == np.inf)
+    w = np.where((m == -np.inf) | (sink == np.inf), 0.0, w)  # no allowed key, or a +inf sink
+    w = np.where(nan_row, np.nan, w)  # NaN or +inf allowed, NaN sink: NaN
+    lse = np.where(np.isnan(m) | np.isnan(sink), np.nan,
+                   np.where((m == np.inf) | (sink == np.inf), np.inf,
+                            np.where(m == -np.inf, sink, lse)))
+    return w, lse[..., 0], nan_row[..., 0]
 
 
 def _weighted_sum(w, s, v):
-    """Step 5: o_i = sum_j w_ij v_j over the keys j with a score above -inf;
+    """o_i = sum_j w_ij v_j over the keys j with a score above -inf;
     the rows of v of every other key are never read."""
     if np.isfinite(v).all():
         return w @ v  # the other keys have w_ij = 0 and finite v: no effect
@@ -171,52 +190,68 @@ def _weighted_sum(w, s, v):
     return o
 
 
-def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, window=None,
-                                 scale=None, enable_gqa=False, return_lse=False, out=None):
-    """Reference SDPA: ``softmax(scale * q @ k^T + mask) @ v`` over the allowed
-    keys, step by step in float64 (see :func:`fastattn.scaled_dot_product_attention`)."""
-    a = attention_inputs(q, k, v, attn_mask, is_causal, window, scale, enable_gqa)
-    return_lse = as_bool(return_lse, "return_lse")
+def _attention(a, return_lse, out, inputs):
     if 0 in a.batch:  # no batch item (e.g. no query heads under GQA): empty results
         o, lse = np.zeros(a.batch + (a.L, a.Dv)), np.zeros(a.batch + (a.L,))
-        result = _finish(o, out, [("q", q), ("k", k), ("v", v), ("attn_mask", attn_mask)])
+        result = _finish(o, out, inputs)
         return (result, lse.astype(np.float32)) if return_lse else result
     s = _scores(a)
-    w, lse = _softmax_rows(s)
+    w, lse, nan_row = _softmax_rows(s, a.sinks)
     assert a.v is not None
     vv = a.v.astype(np.float64)
     if a.group > 1:
         vv = np.repeat(vv, a.group, axis=-3)
     o = _weighted_sum(w, s, vv)
-    o = np.where(np.isnan(lse)[..., None] | (lse == np.inf)[..., None], np.nan, o)
+    o = np.where(nan_row[..., None], np.nan, o)
     o = np.broadcast_to(o, a.batch + (a.L, a.Dv))
-    result = _finish(o, out, [("q", q), ("k", k), ("v", v), ("attn_mask", attn_mask)])
+    result = _finish(o, out, inputs)
     return (result, lse.astype(np.float32)) if return_lse else result
 
 
-def causal_attention(q, k, v, attn_mask=None, **kwargs):
+def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, window=None,
+                                 scale=None, softcap=None, alibi_slopes=None, sinks=None,
+                                 segment_ids=None, enable_gqa=False, return_lse=False,
+                                 out=None):
+    """Reference SDPA: ``softmax(scale * q @ k^T + mask) @ v`` over the allowed
+    keys, step by step in float64 (see :func:`fastattn.scaled_dot_product_attention`)."""
+    a = attention_inputs(q, k, v, attn_mask, is_causal, window, scale, enable_gqa,
+                         softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
+                         segment_ids=segment_ids)
+    return_lse = as_bool(return_lse, "return_lse")
+    return _attention(a, return_lse, out, [("q", q), ("k", k), ("v", v),
+                                           ("attn_mask", attn_mask)])
+
+
+def causal_attention(q, k, v, attn_mask=None, *, window=None, scale=None, softcap=None,
+                     alibi_slopes=None, sinks=None, segment_ids=None, enable_gqa=False,
+                     return_lse=False, out=None):
     """Reference causal attention: ``is_causal=True``."""
-    if "is_causal" in kwargs:
-        raise TypeError("causal_attention() got an unexpected keyword argument 'is_causal'")
-    return scaled_dot_product_attention(q, k, v, attn_mask, is_causal=True, **kwargs)
+    return scaled_dot_product_attention(
+        q, k, v, attn_mask, is_causal=True, window=window, scale=scale, softcap=softcap,
+        alibi_slopes=alibi_slopes, sinks=sinks, segment_ids=segment_ids,
+        enable_gqa=enable_gqa, return_lse=return_lse, out=out)
 
 
-def sliding_window_attention(q, k, v, window_size, attn_mask=None, **kwargs):
+def sliding_window_attention(q, k, v, window_size, attn_mask=None, *, is_causal=False,
+                             scale=None, softcap=None, alibi_slopes=None, sinks=None,
+                             segment_ids=None, enable_gqa=False, return_lse=False, out=None):
     """Reference sliding-window attention: ``window=(window_size - 1, 0)``."""
-    if "window" in kwargs:
-        raise TypeError("sliding_window_attention() got an unexpected keyword argument 'window'")
-    return scaled_dot_product_attention(q, k, v, attn_mask, window=check_window_size(window_size),
-                                        **kwargs)
+    return scaled_dot_product_attention(
+        q, k, v, attn_mask, is_causal=is_causal, window=check_window_size(window_size),
+        scale=scale, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
+        segment_ids=segment_ids, enable_gqa=enable_gqa, return_lse=return_lse, out=out)
 
 
 def attention_weights(q, k, attn_mask=None, *, is_causal=False, window=None, scale=None,
+                      softcap=None, alibi_slopes=None, sinks=None, segment_ids=None,
                       enable_gqa=False):
     """Reference attention weights, shape (..., L, S)."""
     a = attention_inputs(q, k, None, attn_mask, is_causal, window, scale, enable_gqa,
-                         with_v=False)
+                         with_v=False, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
+                         segment_ids=segment_ids)
     if 0 in a.batch:
         return np.zeros(a.batch + (a.L, a.S), np.float32)
-    w, _ = _softmax_rows(_scores(a))
+    w, _, _ = _softmax_rows(_scores(a), a.sinks)
     return np.ascontiguousarray(w, dtype=np.float32)
 
 
