@@ -66,6 +66,15 @@ const char *fa_simd_kernel(void)
     return fa_active_kernels()->name;
 }
 
+int fa_tanh_f32(const float *x, float *y, int64_t n)
+{
+    if (n < 0 || (n > 0 && (!x || !y)))
+        return FA_ERR_ARG;
+    if (n > 0)
+        fa_active_kernels()->tanh_array(x, y, n);
+    return FA_OK;
+}
+
 int fa_exp2_f32(const float *x, float *y, int64_t n)
 {
     if (n < 0 || (n > 0 && (!x || !y)))

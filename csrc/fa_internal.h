@@ -201,18 +201,18 @@ static inline const void *fa_kv_tile(const fa_attn_args *a, int64_t b, int v, in
  * x + x**3 P(x**2) with P of degree 4 fitted for the least relative error on
  * [0, 0.625] (0.8 ulp in float32 evaluation); elsewhere (1 - t) / (1 + t)
  * with t = exp(-2|x|) = 2**(-2 log2(e) |x|) from fa_exp2f (t <= 0.29: no
- * cancellation), the sign copied from x. Within 4 ulp of tanh (the tests hold
+ * cancellation); both on |x|, the sign (of zero too) copied from x. Within 4 ulp of tanh (the tests hold
  * every SIMD variant to that); +-inf give +-1, NaN gives NaN. Branch-free:
  * both forms are computed and one is selected, so loops over it vectorise.
  */
 static inline FA_TARGET float fa_tanhf(float x)
 {
-    const float ax = fabsf(x), x2 = x * x;
-    const float p = x + (x * x2) * (-0.3333324194f + x2 * (0.1333059072f + x2 * (-0.05367867276f
+    const float ax = fabsf(x), x2 = ax * ax;
+    const float p = ax + (ax * x2) * (-0.3333324194f + x2 * (0.1333059072f + x2 * (-0.05367867276f
                     + x2 * (0.02046200633f + x2 * -0.005525179673f))));
     const float t = fa_exp2f(ax * -2.88539008f);
-    const float big = copysignf((1.0f - t) / (1.0f + t), x);
-    return ax < 0.625f ? p : big;
+    const float big = (1.0f - t) / (1.0f + t);
+    return copysignf(ax < 0.625f ? p : big, x);
 }
 
 /* Threads actually used for `work` units (e.g. multiply-adds), given a cap. */

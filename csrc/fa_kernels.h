@@ -91,6 +91,7 @@ typedef struct {
                          fa_scratch *w);
     void (*exp_diff_array)(const float *x, float m, float *y, int64_t n);
     void (*exp2_array)(const float *x, float *y, int64_t n);
+    void (*tanh_array)(const float *x, float *y, int64_t n);
 } fa_kernel_table;
 
 extern const fa_kernel_table fa_kernels_generic;

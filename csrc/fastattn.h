@@ -128,6 +128,8 @@ int fa_merge_f32(const float *const *outs, const float *const *lses, int64_t P, 
  * x[i] <= m), and y[i] = 2**x[i] as the attention kernels compute it. */
 int fa_exp_diff_f32(const float *x, float m, float *y, int64_t n);
 int fa_exp2_f32(const float *x, float *y, int64_t n);
+/* y[i] = tanh(x[i]) as the attention kernels soft-cap scores (selected variant). */
+int fa_tanh_f32(const float *x, float *y, int64_t n);
 
 /* SIMD variant: NULL/"auto" picks the best this CPU runs; "generic", "avx2".
  * FA_ERR_ARG for an unknown name or one this CPU or build cannot run. */

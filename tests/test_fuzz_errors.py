@@ -120,6 +120,15 @@ def _attn_base(rng):
         b["window_size"] = int(rng.integers(1, 4))
     if b["fn"] in ("sdpa", "weights") and rng.integers(0, 2):
         b["kw"]["window"] = (int(rng.integers(0, 3)), None)
+    # the score options, valid, now and then (each call breaks one or two arguments)
+    if rng.integers(0, 3) == 0:
+        b["kw"]["softcap"] = float(rng.uniform(0.5, 5))
+    if rng.integers(0, 3) == 0:
+        b["kw"]["alibi_slopes"] = _f32(rng, hq)
+    if rng.integers(0, 3) == 0:
+        b["kw"]["sinks"] = _f32(rng, *lead, hq)
+    if rng.integers(0, 3) == 0:
+        b["kw"]["segment_ids"] = (rng.integers(0, 2, L), rng.integers(0, 2, S))
     return b
 
 
@@ -173,6 +182,30 @@ def _attn_breaks(rng, b):
                     (True, 0), (0, False), "ab", {1, 2}, np.array([1, 2]), ("1", 0), (None, [1]),
                     (None, 2j)]:
             out.append(("window", lambda b, bad=bad: b["kw"].update(window=bad)))
+    for bad in [0, -1.0, float("nan"), float("inf"), -np.inf, 1e39, 10**400, 1e-45, "1.0", True,
+                [1.0], np.ones(2), 1j, {}]:
+        out.append(("softcap", lambda b, bad=bad: b["kw"].update(softcap=bad)))
+    hq = q.shape[-3]
+    for name in ("alibi_slopes", "sinks"):
+        bads = [np.ones(hq + 1, np.float32), np.ones((7, hq), np.float32),
+                np.ones((hq, 1, 1), np.float32), np.ones(hq, np.int64), np.ones(hq, bool),
+                np.ones(hq, np.complex64), np.ones(hq, object), [1] * hq, "abc", {},
+                [[1.0], [2.0, 3.0]], np.ma.masked_array(np.ones(hq))]
+        if name == "alibi_slopes":
+            bads += [np.full(hq, np.nan), np.full(hq, np.inf), np.full(hq, -np.inf),
+                     np.full(hq, 1e300)]
+        for bad in bads:
+            out.append((name, lambda b, name=name, bad=bad: b["kw"].update({name: bad})))
+    for bad in [(np.zeros(L, np.float32), np.zeros(S, np.int64)),
+                (np.zeros(L, np.int64), np.zeros(S, bool)),
+                (np.zeros(L + 1, np.int64), np.zeros(S, np.int64)),
+                (np.zeros(L, np.int64), np.zeros(S + 1, np.int64)),
+                (np.zeros((7, L), np.int64), np.zeros(S, np.int64)),
+                (np.zeros(L, np.int64), np.zeros(S, np.int64), np.zeros(S, np.int64)),
+                (np.zeros(L, np.int64),), np.zeros(L + S + 1, np.int64), "ab", {},
+                np.zeros(L, object), (np.zeros(L, "U1"), np.zeros(S, np.int64)),
+                (None, np.zeros(S, np.int64))]:
+        out.append(("segment_ids", lambda b, bad=bad: b["kw"].update(segment_ids=bad)))
     if b["fn"] == "sliding":
         for bad in [0, -1, -2**70, True, False, 1.5, 2.0, "3", None, (2, 0), np.array(3.0)]:
             out.append(("window_size", lambda b, bad=bad: b.update(window_size=bad)))

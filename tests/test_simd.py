@@ -141,3 +141,26 @@ def test_exp2_in_the_normal_range_takes_the_same_bits(simd):
     keep[::8] = False
     np.testing.assert_array_equal(narrow[keep], wide[keep])
     np.testing.assert_array_equal(wide[::8], np.float32(2.0**-130))
+
+
+def test_softcap_tanh_within_four_ulp(simd):
+    # tanh as the kernels soft-cap scores: both forms (|x| < 0.625 and beyond),
+    # the switch between them, tiny and huge arguments, against float64's tanh.
+    x = np.concatenate([np.linspace(-12.0, 12.0, 2_000_001), np.linspace(0.6, 0.65, 100_001),
+                        np.geomspace(1e-30, 1e-2, 10_001), np.geomspace(10.0, 3e38, 1001)])
+    x = np.concatenate([x, -x]).astype(np.float32)
+    y = np.empty_like(x)
+    _core.tanh(x, y)
+    want = np.tanh(x.astype(np.float64))
+    err = np.abs(y.astype(np.float64) - want) / np.spacing(np.abs(want).astype(np.float32))
+    assert np.max(err) <= 4.0
+    assert np.all(np.abs(y) <= 1.0)
+
+
+def test_softcap_tanh_special_values(simd):
+    x = np.array([np.inf, -np.inf, np.nan, 0.0, -0.0, 1e-45], np.float32)
+    y = np.empty_like(x)
+    _core.tanh(x, y)
+    assert y[0] == 1.0 and y[1] == -1.0 and np.isnan(y[2])
+    assert y[3] == 0.0 and not np.signbit(y[3]) and y[4] == 0.0 and np.signbit(y[4])
+    assert y[5] == np.float32(1e-45)

@@ -534,8 +534,8 @@ _NEW_KEYWORDS = """softcap : float, optional
         the key ids are non-decreasing along the sequence each query row's
         keys are one range, found by bisection, and the tiles outside it are
         skipped: the cost is that of the documents, not of ``L x S``. Other
-        ids are checked key by key. A pair is a tuple or list of length 2;
-        pass one array as an ndarray."""
+        ids are checked key by key. A pair is a tuple, or a list of two
+        arrays."""
 
 
 

@@ -54,6 +54,7 @@ cdef extern from "fastattn.h" nogil:
     int fa_attention_weights_f32(const fa_attn_args *a, float *weights, int nthreads)
     int fa_exp_diff_f32(const float *x, float m, float *y, int64_t n)
     int fa_exp2_f32(const float *x, float *y, int64_t n)
+    int fa_tanh_f32(const float *x, float *y, int64_t n)
     int fa_select_simd(const char *name)
     const char *fa_simd_available()
     int fa_built_with_openmp()

@@ -253,6 +253,14 @@ def exp2(const float[::1] x, float[::1] y):
     _check(status)
 
 
+def tanh(const float[::1] x, float[::1] y):
+    """y = tanh(x) as the attention kernels soft-cap scores (selected SIMD variant)."""
+    cdef int status
+    with nogil:
+        status = fa_tanh_f32(_fptr(x), _wptr(y), x.shape[0])
+    _check(status)
+
+
 def select_simd(str name):
     """Use the SIMD variant `name` ("auto", "generic", "avx2") from now on.
 

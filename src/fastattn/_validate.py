@@ -255,7 +255,7 @@ def per_head(value, name, head_shape, batch, finite):
         arr32 = arr.astype(np.float32)
     if finite and not np.isfinite(arr32).all():
         bad = arr[~np.isfinite(arr32)].reshape(-1)[0]
-        raise ValueError(f"{name} must be finite (in float32), got {bad!r}")
+        raise ValueError(f"{name} must be finite (in float32), got {float(bad)!r}")
     return np.ascontiguousarray(np.broadcast_to(np.broadcast_to(arr32, head_shape), batch))
 
 
@@ -291,15 +291,18 @@ def _ids(value, name, target):
 
 
 def check_segment_ids(segment_ids, batch, L, S):
-    """SegmentIds from `segment_ids`: None, a pair (q_ids, kv_ids) (tuple or
-    list), or one integer array serving both when L == S."""
+    """SegmentIds from `segment_ids`: None, a pair (q_ids, kv_ids) (a tuple, or
+    a list of two arrays), or one integer array serving both when L == S."""
     if segment_ids is None:
         return None
-    if isinstance(segment_ids, (tuple, list)) and len(segment_ids) == 2:
+    pair = isinstance(segment_ids, tuple) or (
+        isinstance(segment_ids, list) and len(segment_ids) == 2
+        and all(isinstance(x, (np.ndarray, list, tuple)) for x in segment_ids))
+    if pair and len(segment_ids) == 2:
         q_ids, kv_ids = segment_ids
-    elif isinstance(segment_ids, (tuple, list)):
+    elif pair:
         raise ValueError(f"segment_ids must be one integer array or a pair (q_ids, kv_ids), "
-                         f"got a {type(segment_ids).__name__} of length {len(segment_ids)}")
+                         f"got a tuple of length {len(segment_ids)}")
     elif L != S:
         raise ValueError(f"one segment_ids array serves queries and keys only when L == S, "
                          f"got L={L}, S={S}: pass a pair (q_ids, kv_ids)")
