@@ -391,9 +391,9 @@ def _run_attention(a, result, lse=None, weights=False):
         flat_mask, mask_off, mask_sl, mask_ss, a.is_causal,
         -1 if left is None else left, -1 if right is None else right,
         a.scale, result.reshape(-1), None if lse is None else lse.reshape(-1),
-        get_num_threads(), weights, a.softcap,
-        None if a.alibi_slopes is None else a.alibi_slopes.reshape(-1),
-        None if a.sinks is None else a.sinks.reshape(-1), segments,
+        get_num_threads(), weights, softcap=a.softcap,
+        alibi_slopes=None if a.alibi_slopes is None else a.alibi_slopes.reshape(-1),
+        sinks=None if a.sinks is None else a.sinks.reshape(-1), segments=segments,
     )
 
 
