@@ -367,3 +367,12 @@ def test_paged_cache_bad_tables(rng):
                         8, 16, 16, 2, 1, 100, 8, 8, None, np.zeros(0, np.int64), 0, 0, False,
                         -1, -1, 1.0, np.zeros(16, np.float32), None, 1, False,
                         np.array([0, 9], np.int32), np.zeros(2, np.int64), 64, 4, 64 * 16, 64 * 16)
+
+
+def test_bench_kv_dtype_and_layout_options(capsys):
+    from fastattn.__main__ import main
+    for kv in ["float16"] + (["bfloat16"] if ml_dtypes is not None else []):
+        assert main(["bench", "-H", "4", "--kv-heads", "2", "-L", "1", "-S", "64", "-D", "8",
+                     "--repeat", "1", "--no-torch", "--kv-dtype", kv, "--layout", "blhd"]) == 0
+        out = capsys.readouterr().out
+        assert f"sdpa B=1 H=4/2 L=1 S=64 D=8 kv={kv} blhd" in out and "f32/fa" in out

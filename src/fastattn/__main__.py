@@ -15,7 +15,15 @@ import numpy as np
 
 import fastattn
 from fastattn import reference
-from fastattn._bench import MODEL_CASES, grid, models, print_times, time_sdpa
+from fastattn._bench import (
+    KV_DTYPES,
+    LAYOUTS,
+    MODEL_CASES,
+    grid,
+    models,
+    print_times,
+    time_sdpa,
+)
 from fastattn._realinput import max_abs_err, real_input_checks
 
 SEED = 20261129  # of the random-input checks
@@ -119,7 +127,8 @@ def main_job(args):
 
 def bench(args):
     shape_given = any(getattr(args, name) is not None for name in
-                      ("batch", "heads", "kv_heads", "L", "S", "D", "window")) or args.causal
+                      ("batch", "heads", "kv_heads", "L", "S", "D", "window", "kv_dtype",
+                       "layout")) or args.causal
     if args.models:
         if shape_given:
             print("bench: --models takes no shape options", file=sys.stderr)
@@ -142,11 +151,20 @@ def bench(args):
     D = args.D or 64
     window = None if args.window is None else (args.window - 1, 0)  # window_size W
     peers = [p for p, on in (("reference", args.reference), ("torch", not args.no_torch)) if on]
+    kv, layout = args.kv_dtype or "float32", args.layout or "bhld"
+    if kv == "bfloat16":
+        try:
+            import ml_dtypes  # noqa: F401
+        except ImportError:
+            print("bench: --kv-dtype bfloat16 needs ml_dtypes (pip install ml_dtypes)",
+                  file=sys.stderr)
+            return 2
     times = time_sdpa(B, H, L, S, D, causal=args.causal, window=window, repeat=args.repeat,
-                      peers=peers, kv_heads=Hkv)
+                      peers=peers, kv_heads=Hkv, kv=kv, layout=layout)
     label = (f"sdpa B={B} H={H}" + (f"/{Hkv}" if Hkv != H else "") + f" L={L} S={S} D={D}"
              + (" causal" if args.causal else "")
-             + (f" window={args.window}" if window else ""))
+             + (f" window={args.window}" if window else "")
+             + (f" kv={kv}" if kv != "float32" else "") + (f" {layout}" if layout != "bhld" else ""))
     print_times([(label, times)])
     return 0
 
@@ -198,6 +216,13 @@ def main(argv=None):
     b.add_argument("--causal", action="store_true", help="causal attention")
     b.add_argument("--window", type=_count(1), metavar="W",
                    help="sliding window of W keys: window=(W-1, 0)")
+    b.add_argument("--kv-dtype", choices=KV_DTYPES, default=None,
+                   help="dtype of k and v (default float32; bfloat16 needs ml_dtypes); "
+                        "also times the float32 call on the same values (column f32/fa)")
+    b.add_argument("--layout", choices=LAYOUTS, default=None,
+                   help="bhld (default): q, k, v as contiguous (B, H, L, D); blhd: "
+                        "(B, L, H, D) arrays viewed as (B, H, L, D), read in place; "
+                        "also times the contiguous call (column f32/fa)")
     b.add_argument("--threads", type=_count(1), default=None,
                    help="fastattn (and torch) threads (default: OpenMP's)")
     b.add_argument("--repeat", type=_count(1), default=3, help="timed runs (best kept)")

@@ -393,19 +393,60 @@ def models(repeat=3, threads=2, cases=None, out=None):
     return rows
 
 
+KV_DTYPES = ("float32", "float16", "bfloat16")
+LAYOUTS = ("bhld", "blhd")
+
+
+def kv_dtype(name):
+    """The NumPy dtype named by --kv-dtype (bfloat16: ml_dtypes', which must be installed)."""
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def as_layout(a, layout):
+    """`a` (B, H, n, D) as the kernel is handed it: itself ("bhld"), or a
+    (B, n, H, D) array viewed as (B, H, n, D) ("blhd", a projection's output
+    layout; read in place, not copied)."""
+    if layout == "bhld":
+        return a
+    return np.ascontiguousarray(a.swapaxes(1, 2)).swapaxes(1, 2)
+
+
 def time_sdpa(batch, heads, L, S, D, causal=False, window=None, repeat=3,
-              peers=("reference", "torch"), kv_heads=None):
+              peers=("reference", "torch"), kv_heads=None, kv="float32", layout="bhld"):
     """Seconds of fastattn and its peers on q (batch, heads, L, D), k and v
     (batch, kv_heads, S, D) (kv_heads < heads: grouped-query attention,
     enable_gqa=True): a dict implementation -> seconds, None where a peer
-    is not installed or has no equivalent (PyTorch: windows, causal L != S)."""
+    is not installed or has no equivalent (PyTorch: windows, causal L != S).
+
+    `kv` ("float32", "float16", "bfloat16") is the dtype of k and v and
+    `layout` ("bhld", "blhd": see as_layout) that of q, k and v for fastattn;
+    when either differs from float32 "bhld", "fastattn-f32" is also timed, on
+    the same values as contiguous float32 arrays (the peers always get those).
+    The two fastattn calls alternate, so that a drift of the machine's speed
+    moves both."""
     kv_heads = heads if kv_heads is None else kv_heads
     q, k, v = _randn((batch, heads, L, D), 0), _randn((batch, kv_heads, S, D), 1), \
         _randn((batch, kv_heads, S, D), 2)
     gqa = kv_heads != heads
     kw = {"is_causal": causal, "window": window, "enable_gqa": gqa}
-    times = {"fastattn": best_time(
-        lambda: fastattn.scaled_dot_product_attention(q, k, v, **kw), repeat)}
+    dt = kv_dtype(kv)
+    if dt != np.float32:  # the same values for every implementation
+        k, v = k.astype(dt).astype(np.float32), v.astype(dt).astype(np.float32)
+    base = kv != "float32" or layout != "bhld"
+    qa, ka, va = as_layout(q, layout), as_layout(k.astype(dt), layout), as_layout(v.astype(dt), layout)
+    runs = {"fastattn": lambda: fastattn.scaled_dot_product_attention(qa, ka, va, **kw)}
+    if base:
+        runs["fastattn-f32"] = lambda: fastattn.scaled_dot_product_attention(q, k, v, **kw)
+    times = {name: np.inf for name in runs}
+    for fn in runs.values():
+        fn()  # warm up
+    for _ in range(max(1, repeat)):
+        for name, fn in runs.items():
+            times[name] = min(times[name], best_time(fn, 1))
     if "reference" in peers:
         times["reference"] = best_time(
             lambda: reference.scaled_dot_product_attention(q, k, v, **kw), 1)
@@ -420,20 +461,26 @@ def time_sdpa(batch, heads, L, S, D, causal=False, window=None, repeat=3,
 
 
 def print_times(rows, out=None):
-    """rows: (label, times dict); one line each, with speed-up columns; to `out`
-    (default: sys.stdout at call time)."""
+    """rows: (label, times dict); one line each, with speed-up columns (and,
+    where a row has "fastattn-f32", the float32 contiguous call's time and its
+    ratio to fastattn's); to `out` (default: sys.stdout at call time)."""
     out = sys.stdout if out is None else out
+    base = any(t.get("fastattn-f32") for _, t in rows)
     print(f"{'case':<42}{'fastattn':>10}{'reference':>11}{'torch':>10}"
-          f"{'ref/fa':>8}{'torch/fa':>9}", file=out)
+          f"{'ref/fa':>8}{'torch/fa':>9}" + (f"{'fa-f32':>10}{'f32/fa':>8}" if base else ""),
+          file=out)
 
     def cell(t):
         return f"{t * 1e3:>8.1f}ms" if t else f"{'-':>10}"
 
     for label, t in rows:
         fa, ref, tor = t["fastattn"], t.get("reference"), t.get("torch")
+        f32 = t.get("fastattn-f32")
         print(f"{label:<42}{cell(fa)}{cell(ref):>11}{cell(tor)}"
               f"{(f'{ref / fa:7.1f}x' if ref else '       -'):>8}"
-              f"{(f'{tor / fa:8.1f}x' if tor else '        -'):>9}", file=out)
+              f"{(f'{tor / fa:8.1f}x' if tor else '        -'):>9}"
+              + ((f"{cell(f32)}" + (f"{f32 / fa:7.2f}x" if f32 else "       -")) if base else ""),
+              file=out)
 
 
 _PEAK_SCRIPT = """

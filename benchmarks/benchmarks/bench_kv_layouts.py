@@ -1,0 +1,133 @@
+"""Half-precision K/V and strided (B, L, H, D) inputs, against float32 contiguous.
+
+Targets: decoding (B=1, 32 query / 8 kv heads, L=1, S=16384, D=128, 2 threads)
+with float16 or bfloat16 K/V >= 1.7x faster than with float32 K/V, and faster
+than PyTorch on float32 K/V; causal prefill (L=S=4096) with float16 K/V within
+1.1x of float32; (B, L, H, D) views within 1.1x of the contiguous call. The
+track_* ratios time both calls alternately in one process (robust to a drifting
+machine); values above 1 mean the half-precision / strided call is faster.
+"""
+import numpy as np
+
+import fastattn
+from fastattn._bench import as_layout, best_time, kv_dtype
+
+from .common import random, torch_or_skip
+
+DECODE = dict(B=1, H=32, Hkv=8, L=1, S=16384, D=128)
+PREFILL = dict(B=1, H=8, Hkv=8, L=4096, S=4096, D=128)
+
+
+def _inputs(shape, kv="float32", layout="bhld"):
+    B, H, Hkv, L, S, D = (shape[n] for n in ("B", "H", "Hkv", "L", "S", "D"))
+    q, k, v = random((B, H, L, D), 0), random((B, Hkv, S, D), 1), random((B, Hkv, S, D), 2)
+    dt = kv_dtype(kv)
+    return as_layout(q, layout), as_layout(k.astype(dt), layout), as_layout(v.astype(dt), layout)
+
+
+def _skip_without(kv):
+    if kv == "bfloat16":
+        try:
+            import ml_dtypes  # noqa: F401
+        except ImportError:
+            raise NotImplementedError("ml_dtypes is not installed") from None
+
+
+class HalfKVDecode:
+    """Decoding with a float32 / float16 / bfloat16 KV cache (PyTorch: float32 only)."""
+
+    params = (["fastattn", "torch"], ["float32", "float16", "bfloat16"])
+    param_names = ["impl", "kv"]
+    timeout = 300
+
+    def setup(self, impl, kv):
+        _skip_without(kv)
+        if impl == "torch" and kv != "float32":
+            raise NotImplementedError("PyTorch's SDPA takes q, k, v of one dtype")
+        q, k, v = _inputs(DECODE, kv)
+        if impl == "torch":
+            torch = torch_or_skip()
+            torch.set_num_threads(2)
+            tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
+
+            def run():
+                with torch.no_grad():
+                    torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True)
+            self.fn = run
+        else:
+            fastattn.set_num_threads(2)
+            self.fn = lambda: fastattn.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+    def teardown(self, *args):
+        fastattn.set_num_threads(None)
+
+    def time_decode(self, *args):
+        self.fn()
+
+
+def _ratio(slow, fast, repeat=5):
+    """Best time of `slow` over best time of `fast`, timed alternately."""
+    slow(), fast()
+    ts, tf = np.inf, np.inf
+    for _ in range(repeat):
+        ts = min(ts, best_time(slow, 1))
+        tf = min(tf, best_time(fast, 1))
+    return ts / tf
+
+
+class HalfKVSpeedup:
+    """float32-K/V time over half-precision-K/V time (decode: target >= 1.7;
+    prefill: target >= 1 / 1.1)."""
+
+    params = (["decode", "prefill"], ["float16", "bfloat16"])
+    param_names = ["case", "kv"]
+    timeout = 600
+
+    def setup(self, case, kv):
+        _skip_without(kv)
+        if case == "prefill" and kv == "bfloat16":
+            raise NotImplementedError("the prefill target names float16")
+        fastattn.set_num_threads(2)
+        shape = DECODE if case == "decode" else PREFILL
+        kw = dict(enable_gqa=shape["H"] != shape["Hkv"], is_causal=case == "prefill")
+        q, k, v = _inputs(shape)
+        q, kh, vh = _inputs(shape, kv)
+        self.f32 = lambda: fastattn.scaled_dot_product_attention(q, k, v, **kw)
+        self.half = lambda: fastattn.scaled_dot_product_attention(q, kh, vh, **kw)
+
+    def teardown(self, *args):
+        fastattn.set_num_threads(None)
+
+    def track_speedup(self, case, kv):
+        return _ratio(self.f32, self.half, repeat=5 if case == "decode" else 2)
+
+    track_speedup.unit = "x"
+
+
+class StridedLayout:
+    """(B, L, H, D) arrays viewed as (B, H, L, D), read in place, against the
+    contiguous call (target: ratio >= 1 / 1.1)."""
+
+    params = (["decode", "prefill"],)
+    param_names = ["case"]
+    timeout = 600
+
+    def setup(self, case):
+        fastattn.set_num_threads(2)
+        shape = DECODE if case == "decode" else dict(PREFILL, L=2048, S=2048)
+        kw = dict(enable_gqa=shape["H"] != shape["Hkv"], is_causal=case == "prefill")
+        q, k, v = _inputs(shape)
+        qs, ks, vs = _inputs(shape, layout="blhd")
+        self.contiguous = lambda: fastattn.scaled_dot_product_attention(q, k, v, **kw)
+        self.strided = lambda: fastattn.scaled_dot_product_attention(qs, ks, vs, **kw)
+
+    def teardown(self, *args):
+        fastattn.set_num_threads(None)
+
+    def time_strided(self, case):
+        self.strided()
+
+    def track_contiguous_over_strided(self, case):
+        return _ratio(self.contiguous, self.strided, repeat=5 if case == "decode" else 2)
+
+    track_contiguous_over_strided.unit = "x"
