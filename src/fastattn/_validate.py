@@ -125,7 +125,8 @@ def as_rows(x, name, half=False):
     arr = _real_array(x, name)
     if arr.dtype != np.float32 and not (half and is_half(arr.dtype)):
         return np.asarray(arr, dtype=np.float32, order="C")
-    return arr if rows_in_place(arr) else np.ascontiguousarray(arr)
+    # (np.array copies: ascontiguousarray would hand back a misaligned C-contiguous array)
+    return arr if rows_in_place(arr) else np.array(arr, order="C")
 
 
 def as_bool(value: Any, name: str) -> bool:
