@@ -285,16 +285,17 @@ def _cache_case(rng, B=3, S=24, H=6, Hkv=2, D=16, L=2, L_new=2, Bc=None):
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("window_size", [(-1, -1), (4, -1), (3, 0)])
-@pytest.mark.parametrize("seqlens", ["int", "per-batch"])
+@pytest.mark.parametrize("seqlens", ["int", "0-d array", "per-batch"])
 def test_kvcache_append_and_attend(causal, window_size, seqlens):
     rng = np.random.default_rng(9)
     c = _cache_case(rng)
-    cs = np.full(3, 7) if seqlens == "int" else np.array([0, 11, 22])
+    cs = np.full(3, 7) if seqlens != "per-batch" else np.array([0, 11, 22])
     k0, v0 = c["k_cache"].copy(), c["v_cache"].copy()
     mo, mlse, mkc, mvc = _kv_model(c["q"], k0, v0, c["k"], c["v"], cs, causal=causal,
                                    window_size=window_size)
     o, lse = flash_attn_with_kvcache(c["q"], c["k_cache"], c["v_cache"], c["k"], c["v"],
-                                     cache_seqlens=7 if seqlens == "int" else cs.astype(np.int32),
+                                     cache_seqlens={"int": 7, "0-d array": np.array(7, np.int32),
+                                                    "per-batch": cs.astype(np.int32)}[seqlens],
                                      causal=causal, window_size=window_size,
                                      return_softmax_lse=True)
     assert o.shape == (3, 2, 6, 16) and lse.shape == (3, 6, 2)
@@ -649,6 +650,8 @@ KV_BAD = [  # (what the message names, changes to the arguments, exception)
     ("cache_seqlens", dict(cache_seqlens=np.array([3, 4])), ValueError),
     ("cache_seqlens", dict(cache_seqlens=np.array([3., 4., 5.])), TypeError),
     ("cache_seqlens", dict(cache_seqlens=None), ValueError),  # k given
+    ("cache_seqlens", dict(cache_seqlens=5.0), TypeError),
+    ("cache_seqlens", dict(cache_seqlens=True), TypeError),
     ("cache_leftpad", dict(cache_leftpad=np.array([0, 5, 0])), ValueError),  # > cache_seqlens
     ("cache_leftpad", dict(cache_leftpad=np.array([-1, 0, 0])), ValueError),
     ("cache_batch_idx", dict(cache_batch_idx=np.array([0, 1, 3])), ValueError),

@@ -823,9 +823,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                  f"got {rows.tolist()}")
     if cache_seqlens is None:
         seqlens = np.full(B, capacity, np.int64)
-    elif isinstance(cache_seqlens, (numbers.Integral, np.integer)) and not isinstance(
-            cache_seqlens, (bool, np.bool_)):
-        seqlens = np.full(B, int(cache_seqlens), np.int64)
+    elif np.ndim(cache_seqlens) == 0:  # an int (or a 0-d integer array): every sequence
+        seqlens = np.full(B, _int(cache_seqlens, "cache_seqlens", minimum=-2**63), np.int64)
     else:
         seqlens = _index_array(cache_seqlens, "cache_seqlens", (B,))
     end = seqlens + L_new
