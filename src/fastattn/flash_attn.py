@@ -652,9 +652,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         The new queries.
     k_cache : ndarray, shape (B_cache, S_max, Hkv, D), real floating dtype
         The key cache; with `block_table`, paged: (num_blocks, block_size,
-        Hkv, D). Read in place; must be writeable when `k` is given. float16
-        and bfloat16 caches are read as stored when the core reads them
-        (see :func:`fastattn.scaled_dot_product_attention`).
+        Hkv, D). float32, float16 and bfloat16 (``ml_dtypes.bfloat16``)
+        caches are read in place, as stored (half precision converted exactly
+        inside the kernel); a float64 cache is converted to float32 (copied)
+        at each call. Must be writeable when `k` is given.
     v_cache : ndarray, shape (B_cache, S_max, Hkv, Dv), real floating dtype
         The value cache, laid out as `k_cache`.
     k : array_like, shape (B, L_new, Hkv, D), optional
