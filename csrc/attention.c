@@ -117,11 +117,12 @@ void fa_finish_rows(const fa_attn_args *a, const fa_unit *u, int64_t Dvp, const 
     const int64_t Dv = a->Dv, nr = u->nh * u->nq;
     int64_t r, d;
     for (r = 0; r < nr; r++) {
-        const int64_t b = u->b0 + r / u->nq, row = b * a->L + u->i0 + r % u->nq;
+        const int64_t b = u->b0 + r / u->nq, i = u->i0 + r % u->nq;
+        const int64_t row = a->o_off ? a->lse_off[b] + i * a->lse_rs : b * a->L + i;
         const float m = M[r];
         const float sink = a->sinks ? a->sinks[b] : -INFINITY; /* -inf: no sink */
         const float *acc = A + r * Dvp;
-        float *o = Dv > 0 ? out + row * Dv : NULL;
+        float *o = Dv == 0 ? NULL : out + (a->o_off ? a->o_off[b] + i * a->o_rs : row * Dv);
         float lse_r;
         if (m != m || m == INFINITY || sink != sink) {
             /* NaN among the allowed scores or a NaN sink, or an allowed +inf */
@@ -213,6 +214,8 @@ static int check_args(const fa_attn_args *a, int nthreads)
         return FA_ERR_ARG;
     if (!(a->softcap >= 0.0f && a->softcap <= 3.40282347e38f)) /* 0: off; NaN fails */
         return FA_ERR_ARG;
+    if (a->o_off && !a->lse_off)
+        return FA_ERR_ARG;
     if (a->seg_q && a->nbatch > 0 && a->L > 0 && a->S > 0
         && (!a->seg_k || !a->seg_q_off || !a->seg_k_off))
         return FA_ERR_ARG;
@@ -229,6 +232,21 @@ static int check_args(const fa_attn_args *a, int nthreads)
 typedef struct {
     int64_t G, nh, nhs, nq, nqt, nunits;
 } fa_units;
+
+/* The units of a: groups of G items that share k and v, cut into slices of
+ * nh heads and tiles of nq query rows (a unit holds at most FA_BQ rows). */
+static fa_units unit_geometry(const fa_attn_args *a)
+{
+    fa_units g;
+    g.G = a->nbatch > 0 ? kv_group(a) : 1;
+    g.nh = g.G < FA_BQ ? g.G : FA_BQ;          /* heads per unit */
+    g.nhs = (g.G + g.nh - 1) / g.nh;           /* head slices per group */
+    g.nq = FA_BQ / g.nh;                       /* query rows per head */
+    g.nq = a->L < g.nq ? (a->L > 0 ? a->L : 1) : g.nq;
+    g.nqt = (a->L + g.nq - 1) / g.nq;          /* query tiles */
+    g.nunits = (a->nbatch / g.G) * g.nhs * g.nqt;
+    return g;
+}
 
 /* Unit n, the last query tiles first: under is_causal they see the most keys,
  * and handing the biggest units out first evens out the threads' ends. */
@@ -253,20 +271,12 @@ static int run_units(const fa_attn_args *a, float *out, float *lse, float *weigh
     const int64_t nchunks = a->S > FA_CK ? (a->S + FA_CK - 1) / FA_CK : 1;
     double work = (double)a->nbatch * (double)a->L * (double)(a->S > 0 ? a->S : 1)
                   * (double)(a->D + a->Dv);
-    fa_units g;
-    int64_t nrmax, Dvp = (a->Dv + FA_NR - 1) / FA_NR * FA_NR, nitems;
+    const fa_units g = unit_geometry(a);
+    int64_t nrmax = g.nh * g.nq, Dvp = (a->Dv + FA_NR - 1) / FA_NR * FA_NR, nitems;
     float *pm = NULL, *pacc = NULL;
     double *pl = NULL;
     int status = FA_OK, split = 0;
     int nt;
-    g.G = a->nbatch > 0 ? kv_group(a) : 1;
-    g.nh = g.G < FA_BQ ? g.G : FA_BQ;          /* heads per unit */
-    g.nhs = (g.G + g.nh - 1) / g.nh;           /* head slices per group */
-    g.nq = FA_BQ / g.nh;                       /* query rows per head */
-    g.nq = a->L < g.nq ? (a->L > 0 ? a->L : 1) : g.nq;
-    g.nqt = (a->L + g.nq - 1) / g.nq;          /* query tiles */
-    g.nunits = (a->nbatch / g.G) * g.nhs * g.nqt;
-    nrmax = g.nh * g.nq;
     if (g.nunits == 0)
         return FA_OK;
     nt = fa_threads_for(nthreads, work, g.nunits);
@@ -368,4 +378,137 @@ int fa_attention_weights_f32(const fa_attn_args *a, float *weights, int nthreads
     if (!weights && a->nbatch > 0 && a->L > 0)
         return FA_ERR_ARG;
     return run_units(a, NULL, NULL, weights, nthreads);
+}
+
+/* One work unit of a packed batch: unit n of sequence seq, and its cost. */
+typedef struct {
+    int64_t seq, n;
+    double cost;
+} fa_varlen_item;
+
+/* Bigger first; ties in (sequence, unit) order, so the list is fixed. */
+static int varlen_item_cmp(const void *x, const void *y)
+{
+    const fa_varlen_item *p = (const fa_varlen_item *)x, *q = (const fa_varlen_item *)y;
+    if (p->cost != q->cost)
+        return p->cost > q->cost ? -1 : 1;
+    if (p->seq != q->seq)
+        return p->seq < q->seq ? -1 : 1;
+    return p->n < q->n ? -1 : (p->n > q->n ? 1 : 0);
+}
+
+/* The keys a unit's rows may see at most (causal and window bounds), times its
+ * rows: the order in which units are handed out. */
+static double unit_cost(const fa_attn_args *a, const fa_unit *u)
+{
+    const int64_t p_first = u->i0 + a->S - a->L, p_last = p_first + u->nq - 1;
+    int64_t lo = 0, hi = a->S;
+    if (a->is_causal && p_last + 1 < hi)
+        hi = p_last + 1;
+    if (a->win_right >= 0 && p_last + a->win_right + 1 < hi)
+        hi = p_last + a->win_right + 1;
+    if (a->win_left >= 0 && p_first - a->win_left > lo)
+        lo = p_first - a->win_left;
+    return (double)(u->nh * u->nq) * (double)(hi > lo ? hi - lo : 0) + 1.0;
+}
+
+int fa_varlen_f32(const fa_attn_args *a, int64_t nseq, const int64_t *cu_q,
+                  const int64_t *cu_k, float *out, float *lse, int nthreads)
+{
+    const fa_kernel_table *kern = fa_active_kernels();
+    const int64_t H = a ? a->nbatch : 0;
+    fa_attn_args *sa = NULL;
+    fa_varlen_item *items = NULL;
+    int64_t s, n, nitems = 0;
+    double work = 0.0;
+    int status = FA_OK, nt;
+    if (!a || nseq < 0 || !cu_q || !cu_k || nthreads < 1 || H < 0)
+        return FA_ERR_ARG;
+    if (a->mask_kind != FA_MASK_NONE || a->seg_q || a->block_table || cu_q[0] != 0
+        || cu_k[0] != 0)
+        return FA_ERR_ARG;
+    for (s = 0; s < nseq; s++)
+        if (cu_q[s + 1] < cu_q[s] || cu_k[s + 1] < cu_k[s])
+            return FA_ERR_ARG;
+    if (nseq == 0 || H == 0 || cu_q[nseq] == 0)
+        return FA_OK;
+    if (!a->o_off || !a->lse_off || (a->Dv > 0 && !out)
+        || (uint64_t)nseq > (uint64_t)(SIZE_MAX / sizeof(fa_attn_args)) / (uint64_t)H)
+        return FA_ERR_ARG;
+    sa = (fa_attn_args *)malloc((size_t)nseq * sizeof *sa);
+    if (!sa)
+        return FA_ERR_NOMEM;
+    for (s = 0; s < nseq && status == FA_OK; s++) { /* sequence s alone, as fa_sdpa_f32 sees it */
+        fa_attn_args *q = &sa[s];
+        const int64_t at = s * H;
+        *q = *a;
+        q->L = cu_q[s + 1] - cu_q[s];
+        q->S = cu_k[s + 1] - cu_k[s];
+        q->q_off = a->q_off + at;
+        q->k_off = a->k_off + at;
+        q->v_off = a->v_off + at;
+        q->o_off = a->o_off + at;
+        q->lse_off = a->lse_off + at;
+        q->alibi_slopes = a->alibi_slopes ? a->alibi_slopes + at : NULL;
+        q->sinks = a->sinks ? a->sinks + at : NULL;
+        status = check_args(q, nthreads);
+        if (q->L > 0) {
+            nitems += unit_geometry(q).nunits;
+            work += (double)H * (double)q->L * (double)(q->S > 0 ? q->S : 1)
+                    * (double)(q->D + q->Dv);
+        }
+    }
+    if (status == FA_OK) {
+        items = (fa_varlen_item *)malloc((size_t)nitems * sizeof *items + 1);
+        status = items ? FA_OK : FA_ERR_NOMEM;
+    }
+    if (status != FA_OK) {
+        free(sa);
+        return status;
+    }
+    nitems = 0;
+    for (s = 0; s < nseq; s++) {
+        const fa_units g = unit_geometry(&sa[s]);
+        if (sa[s].L == 0)
+            continue;
+        for (n = 0; n < g.nunits; n++) {
+            const fa_unit u = unit_at(&sa[s], &g, n, -1);
+            items[nitems].seq = s;
+            items[nitems].n = n;
+            items[nitems].cost = unit_cost(&sa[s], &u);
+            nitems++;
+        }
+    }
+    qsort(items, (size_t)nitems, sizeof *items, varlen_item_cmp);
+    nt = fa_threads_for(nthreads, work, nitems);
+    (void)nt;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nt) if (nt > 1)
+#endif
+    {
+        fa_scratch w;
+        int64_t t;
+        int ok = scratch_alloc(&w, a->D, a->Dv) == FA_OK;
+        if (!ok) {
+#ifdef _OPENMP
+#pragma omp critical(fastattn_status)
+#endif
+            status = FA_ERR_NOMEM;
+        }
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+        for (t = 0; t < nitems; t++) {
+            const fa_attn_args *q = &sa[items[t].seq];
+            const fa_units g = unit_geometry(q);
+            const fa_unit u = unit_at(q, &g, items[t].n, -1);
+            if (ok)
+                kern->sdpa_unit(q, &u, out, lse, &w, NULL);
+        }
+        if (ok)
+            scratch_free(&w);
+    }
+    free(items);
+    free(sa);
+    return status;
 }

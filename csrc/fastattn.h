@@ -104,10 +104,29 @@ typedef struct {
     const int64_t *seg_k_off;
     int64_t seg_q_sl, seg_k_ss;  /* element strides along L and S (0: broadcast) */
     int seg_sorted;
+    /* Where the output goes (SDPA and varlen): NULL o_off puts row i of item b
+     * at out + (b L + i) Dv and its lse at lse[b L + i]; else at out +
+     * o_off[b] + i o_rs and lse[lse_off[b] + i lse_rs]. */
+    const int64_t *o_off;
+    const int64_t *lse_off;
+    int64_t o_rs, lse_rs;
 } fa_attn_args;
 
 /* out: nbatch * L * Dv floats (row-major); lse: nbatch * L floats or NULL. */
 int fa_sdpa_f32(const fa_attn_args *a, float *out, float *lse, int nthreads);
+
+/*
+ * Packed variable-length batches: nseq sequences of a->nbatch heads each.
+ * Sequence s has L_s = cu_q[s + 1] - cu_q[s] query rows and S_s = cu_k[s + 1]
+ * - cu_k[s] keys (cu_q, cu_k: nseq + 1 non-decreasing entries from 0); its
+ * head h is batch item s * nbatch + h of every per-item array (q_off, k_off,
+ * v_off, o_off, lse_off, alibi_slopes, sinks: nseq * nbatch entries), and it
+ * is computed exactly as fa_sdpa_f32 on that sequence alone (a->L and a->S
+ * are ignored). The work units of all sequences run in one parallel region,
+ * the biggest first. No mask, segment ids or paging; o_off is required.
+ */
+int fa_varlen_f32(const fa_attn_args *a, int64_t nseq, const int64_t *cu_q,
+                  const int64_t *cu_k, float *out, float *lse, int nthreads);
 
 /* weights: nbatch * L * S floats, the softmax weights of the same computation. */
 int fa_attention_weights_f32(const fa_attn_args *a, float *weights, int nthreads);

@@ -3,8 +3,10 @@
 Each call starts from a valid call of a public function (random small shapes
 and options) and breaks one or two arguments from a catalogue (wrong dtypes,
 ndim, D or S, axis, window, scale, window_size, flags, masks that do not
-broadcast, object arrays, ragged lists, huge ints, out of the wrong dtype,
-shape or layout, read-only or overlapping an input). It must raise TypeError,
+broadcast, object arrays, ragged lists, huge ints, softcap, ALiBi slopes,
+sinks and segment ids of the wrong type, shape or value, cu_seqlens that are
+not 1-d integers from 0 to the total, out of the wrong dtype, shape or
+layout, read-only or overlapping an input). It must raise TypeError,
 ValueError or numpy.exceptions.AxisError whose message names a broken
 argument, and leave a valid `out` untouched. A crash kills the run; a hang is
 caught by faulthandler's watchdog.
@@ -239,6 +241,82 @@ def _call_attn(b):
     return fastattn.scaled_dot_product_attention(*args, **kw)
 
 
+# -------------------------------------------------------- varlen_attention
+
+def _varlen_base(rng):
+    B = int(rng.integers(1, 4))
+    lens_q, lens_k = rng.integers(0, 5, B), rng.integers(0, 5, B)
+    hkv = int(rng.integers(1, 3))
+    hq = hkv * int(rng.integers(1, 3))
+    D, Dv = (int(n) for n in rng.integers(1, 5, 2))
+    cu_q = np.concatenate([[0], np.cumsum(lens_q)])
+    cu_k = np.concatenate([[0], np.cumsum(lens_k)])
+    b = {"fn": "varlen", "q": _f32(rng, int(cu_q[-1]), hq, D), "k": _f32(rng, int(cu_k[-1]), hkv, D),
+         "v": _f32(rng, int(cu_k[-1]), hkv, Dv), "cu_q": cu_q, "cu_k": cu_k, "kw": {}}
+    if rng.integers(0, 2):
+        b["kw"]["is_causal"] = True
+    if rng.integers(0, 3) == 0:
+        b["kw"]["softcap"] = 3.0
+    if rng.integers(0, 3) == 0:
+        b["kw"]["sinks"] = _f32(rng, B, hq)
+    if rng.integers(0, 3) == 0:
+        b["kw"]["alibi_slopes"] = _f32(rng, hq)
+    return b
+
+
+def _varlen_result_shape(b):
+    return (b["q"].shape[0], b["q"].shape[1], b["v"].shape[2])
+
+
+def _varlen_breaks(rng, b):
+    q, k, v, cu_q, cu_k = b["q"], b["k"], b["v"], b["cu_q"], b["cu_k"]
+    out = []
+    for name in ("q", "k", "v"):
+        a = b[name]
+        for how in ARRAY_BREAKS + ["none"]:
+            out.append((name, lambda b, name=name, a=a, how=how: b.update({name: _bad_array(rng, a, how)})))
+        out.append((name, lambda b, name=name, a=a: b.update({name: a[:, 0]})))
+        out.append((name, lambda b, name=name, a=a: b.update({name: a[None]})))
+    out.append(("k", lambda b: b.update(k=_f32(rng, k.shape[0], k.shape[1], q.shape[2] + 1))))
+    out.append(("v", lambda b: b.update(v=_f32(rng, v.shape[0] + 1, *v.shape[1:]))))
+    out.append(("q|k", lambda b: b.update(k=_f32(rng, k.shape[0], q.shape[1] + 1, q.shape[2]),
+                                          v=_f32(rng, k.shape[0], q.shape[1] + 1, v.shape[2]))))
+    for key, cu, total in (("cu_q", cu_q, q.shape[0]), ("cu_k", cu_k, k.shape[0])):
+        name = "cu_seqlens_q" if key == "cu_q" else "cu_seqlens_k"
+        for bad in [cu.astype(np.float64), cu.astype(bool), cu[None], cu[:0], cu + 1,
+                    np.concatenate([cu, [total + 1]]), np.concatenate([cu, [total - 1]]),
+                    np.concatenate([cu[:1], [total + 1], cu[1:]]), "abc", {}, None,
+                    np.ma.masked_array(cu), [[0, 1], [2]], np.array(total)]:
+            out.append((name, lambda b, key=key, bad=bad: b.update({key: bad})))
+    out.append(("cu_seqlens_q|cu_seqlens_k",
+                lambda b: b.update(cu_q=np.concatenate([cu_q, [q.shape[0]]]))))
+    for bad in [0, -1.0, float("nan"), "1", 1e39]:
+        out.append(("softcap", lambda b, bad=bad: b["kw"].update(softcap=bad)))
+    B, hq = len(cu_q) - 1, q.shape[1]
+    for name in ("alibi_slopes", "sinks"):
+        for bad in [np.ones(hq + 1, np.float32), np.ones((B + 1, hq), np.float32),
+                    np.ones(hq, np.int64), "x", np.ones(hq, np.complex64)]:
+            out.append((name, lambda b, name=name, bad=bad: b["kw"].update({name: bad})))
+    out.append(("alibi_slopes", lambda b: b["kw"].update(alibi_slopes=np.full(hq, np.inf))))
+    for bad in [(-1, 0), 3, "ab"]:
+        out.append(("window", lambda b, bad=bad: b["kw"].update(window=bad)))
+    for bad in [np.nan, "0.5", 1j]:
+        out.append(("scale", lambda b, bad=bad: b["kw"].update(scale=bad)))
+    for bad in [1, None, "yes"]:
+        out.append(("is_causal", lambda b, bad=bad: b["kw"].update(is_causal=bad)))
+        out.append(("return_lse", lambda b, bad=bad: b["kw"].update(return_lse=bad)))
+    out.extend(_out_breaks(rng, _varlen_result_shape(b), {"q": q, "k": k, "v": v}))
+    out.append(("unexpected|argument|keyword", lambda b: b["kw"].update(bogus=1)))
+    return out
+
+
+def _call_varlen(b):
+    kw = dict(b["kw"])
+    if "out" in b:
+        kw["out"] = b["out"]
+    return fastattn.varlen_attention(b["q"], b["k"], b["v"], b["cu_q"], b["cu_k"], **kw)
+
+
 # -------------------------------------------------------- out=
 
 def _out_breaks(rng, shape, inputs):
@@ -252,7 +330,7 @@ def _out_breaks(rng, shape, inputs):
     out.append(("out", lambda b: b.update(out=np.zeros((size + 1,), np.float32))))
     out.append(("out", lambda b: b.update(out=np.zeros(shape, np.float32)[..., None, :]
                                           if shape else np.zeros((1,), np.float32))))
-    if len(shape) >= 2 and shape[-1] > 1 and shape[-2] > 1:
+    if len(shape) >= 2 and shape[-1] > 1 and shape[-2] > 1 and size > 0:  # (empty: C-contiguous too)
         out.append(("out", lambda b: b.update(out=np.zeros(shape, np.float32, order="F"))))
     if size > 1 and shape:
         def strided(b):
@@ -358,6 +436,11 @@ def test_fuzz_rowwise_functions():
 
 def test_fuzz_attention_functions():
     failures, ncalls = _run(_attn_base, _attn_breaks, _call_attn, _attn_result_shape, 2)
+    _report(failures, ncalls, 5000)
+
+
+def test_fuzz_varlen_attention():
+    failures, ncalls = _run(_varlen_base, _varlen_breaks, _call_varlen, _varlen_result_shape, 3)
     _report(failures, ncalls, 5000)
 
 

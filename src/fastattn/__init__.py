@@ -25,6 +25,7 @@ from fastattn._api import (  # noqa: E402
     set_num_threads,
     sliding_window_attention,
     softmax,
+    varlen_attention,
 )
 from fastattn._config import show_config  # noqa: E402
 from fastattn import flash_attn  # noqa: E402,F401  (FlashAttention's Python API)
@@ -39,6 +40,7 @@ __all__ = [  # a literal list, for static analysers; the same names as _api's
     "causal_attention",
     "sliding_window_attention",
     "attention_weights",
+    "varlen_attention",
     "merge_attention",
     "set_num_threads",
     "get_num_threads",

@@ -19,6 +19,7 @@ from fastattn._validate import (
     check_window_size,
     merge_inputs,
     normalize_axis,
+    varlen_inputs,
 )
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "causal_attention",
     "sliding_window_attention",
     "attention_weights",
+    "varlen_attention",
     "set_num_threads",
     "get_num_threads",
     "merge_attention",
@@ -832,6 +834,136 @@ for _g in (scaled_dot_product_attention, attention_weights):
     _g.__doc__ = ((_g.__doc__ or "").replace("{rules}", _ATTENTION_RULES)
                   .replace("{new_keywords}", _NEW_KEYWORDS))
 del _g
+
+
+# ----------------------------------------------------------------------------
+# Packed variable-length batches
+
+
+def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, is_causal=False, window=None,
+                     scale=None, softcap=None, alibi_slopes=None, sinks=None, return_lse=False,
+                     out=None):
+    """Attention over packed sequences of different lengths (FlashAttention's varlen form).
+
+    The sequences lie one after another along the token axis; sequence ``b``
+    is query rows ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` against keys
+    ``cu_seqlens_k[b]:cu_seqlens_k[b+1]``, each with its own bottom-right
+    alignment (``p_i = i + S_b - L_b``). No padding is computed: the work is
+    ``sum_b L_b * S_b``.
+
+    Parameters
+    ----------
+    q : array_like, shape (total_q, Hq, D), real floating dtype
+        The queries of all sequences, token-major.
+    k : array_like, shape (total_k, Hkv, D), real floating dtype
+        The keys; ``Hq % Hkv == 0`` (grouped-query heads follow from the
+        shapes: query head ``h`` reads kv head ``h // (Hq // Hkv)``). May be
+        float16 or bfloat16, read as stored.
+    v : array_like, shape (total_k, Hkv, Dv), real floating dtype
+        The values, as `k`.
+        q, k and v are read in place when their last axis is contiguous.
+    cu_seqlens_q, cu_seqlens_k : array_like of int, shape (B + 1,)
+        Cumulative sequence lengths: start at 0, non-decreasing, end at
+        ``total_q`` and ``total_k``. Empty sequences are allowed.
+    is_causal, window, scale, softcap
+        As in :func:`scaled_dot_product_attention`, for each sequence.
+    alibi_slopes, sinks : array_like of real floats, optional
+        Broadcasting to (B, Hq): one value per query head, e.g. shape (Hq,),
+        or one per sequence and head.
+    return_lse : bool, default False
+        Also return ``lse`` of shape (total_q, Hq) (FlashAttention's
+        ``softmax_lse`` is its transpose).
+    out : ndarray, optional
+        Writeable, C-contiguous float32 array of shape (total_q, Hq, Dv), not
+        sharing memory with any input; receives the output and is returned.
+
+    Returns
+    -------
+    out : ndarray, float32, shape (total_q, Hq, Dv)
+    lse : ndarray, float32, shape (total_q, Hq)
+        Only with `return_lse`: returned as ``(out, lse)``.
+
+    Raises
+    ------
+    TypeError
+        If q, k or v are not real floating arrays, `cu_seqlens_q` or
+        `cu_seqlens_k` are not integer arrays, `alibi_slopes` or `sinks` are
+        not real floats, a flag is not a bool, or `out` is not a float32
+        ndarray.
+    ValueError
+        If q, k or v are not 3-d, D < 1 or differs, k and v disagree, ``Hq %
+        Hkv != 0``, a `cu_seqlens` is not 1-d, does not start at 0, decreases,
+        does not end at the total, or the two differ in length, or another
+        argument is out of range as in :func:`scaled_dot_product_attention`.
+
+    Notes
+    -----
+    Each sequence's rows are bitwise identical to
+    :func:`scaled_dot_product_attention` on that sequence alone
+    (``q[cq[b]:cq[b+1]].swapaxes(0, 1)`` against the same slices of k and v,
+    with ``enable_gqa=True``): a row's arithmetic depends only on its own
+    sequence. The work units (up to 96 query rows of one head, or of the
+    heads of a GQA group) of all sequences are handed to the threads from one
+    pool, the biggest first, so the threads stay busy when one sequence is
+    much longer than the others. The score rules, non-finite values and
+    sinks are those of :func:`scaled_dot_product_attention`.
+
+    References
+    ----------
+    .. [1] T. Dao, "FlashAttention-2: Faster Attention with Better Parallelism
+       and Work Partitioning", ICLR 2024 (``flash_attn_varlen_func``).
+
+    Examples
+    --------
+    Two sequences of 2 and 3 tokens, one head, causal: the first token of each
+    sequence sees only itself.
+
+    >>> import numpy as np, fastattn
+    >>> x = np.zeros((5, 1, 4))
+    >>> v = np.arange(5.0).reshape(5, 1, 1)
+    >>> cu = np.array([0, 2, 5])
+    >>> fastattn.varlen_attention(x, x, v, cu, cu, is_causal=True).ravel()
+    array([0. , 0.5, 2. , 2.5, 3. ], dtype=float32)
+    """
+    a = varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal, window, scale, softcap,
+                      alibi_slopes, sinks)
+    total_q = a.q.shape[0]
+    shape = (total_q, a.Hq, a.Dv)
+    if out is not None:
+        check_out(out, shape, [("q", q), ("k", k), ("v", v), ("q", a.q), ("k", a.k),
+                               ("v", a.v)])
+    else:
+        out = np.empty(shape, np.float32)
+    return_lse = as_bool(return_lse, "return_lse")
+    lse = np.empty((total_q, a.Hq), np.float32) if return_lse else None
+    if a.B > 0 and total_q > 0 and a.Hq > 0:
+        heads = np.arange(a.Hq, dtype=np.int64)
+        kv_heads = heads // (a.Hq // a.Hkv)
+        starts_q, starts_k = a.cu_q[:-1, None], a.cu_k[:-1, None]
+
+        def offsets(arr, starts, h):
+            st = [x // arr.itemsize for x in arr.strides]
+            return (starts * st[0] + h[None, :] * st[1]).reshape(-1), st[0]
+
+        q_off, q_rs = offsets(a.q, starts_q, heads)
+        k_off, k_rs = offsets(a.k, starts_k, kv_heads)
+        v_off, v_rs = offsets(a.v, starts_k, kv_heads)
+        o_off = (starts_q * (a.Hq * a.Dv) + heads[None, :] * a.Dv).reshape(-1)
+        lse_off = (starts_q * a.Hq + heads[None, :]).reshape(-1)
+        k_arr, k_dtype = _kv_operand(a.k)
+        v_arr, v_dtype = _kv_operand(a.v)
+        left, right = a.window
+        _core.attention(
+            a.q, k_arr, v_arr, k_dtype, v_dtype, q_off, k_off, v_off, q_rs, k_rs, v_rs,
+            a.Hq, 0, 0, a.D, a.Dv, None, np.zeros(0, np.int64), 0, 0, a.is_causal,
+            -1 if left is None else left, -1 if right is None else right, a.scale,
+            out.reshape(-1), None if lse is None else lse.reshape(-1), get_num_threads(),
+            softcap=a.softcap,
+            alibi_slopes=None if a.alibi_slopes is None else a.alibi_slopes.reshape(-1),
+            sinks=None if a.sinks is None else a.sinks.reshape(-1),
+            varlen=(a.cu_q, a.cu_k, o_off, lse_off, a.Hq * a.Dv, a.Hq),
+        )
+    return (out, lse) if return_lse else out
 
 
 # ----------------------------------------------------------------------------

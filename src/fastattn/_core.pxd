@@ -47,10 +47,15 @@ cdef extern from "fastattn.h" nogil:
         const int64_t *seg_k_off
         int64_t seg_q_sl, seg_k_ss
         int seg_sorted
+        const int64_t *o_off
+        const int64_t *lse_off
+        int64_t o_rs, lse_rs
 
     int fa_rowwise_f32(const float *x, float *out, int64_t nrows, int64_t n, int op,
                        int nthreads)
     int fa_sdpa_f32(const fa_attn_args *a, float *out, float *lse, int nthreads)
+    int fa_varlen_f32(const fa_attn_args *a, int64_t nseq, const int64_t *cu_q,
+                      const int64_t *cu_k, float *out, float *lse, int nthreads)
     int fa_attention_weights_f32(const fa_attn_args *a, float *weights, int nthreads)
     int fa_exp_diff_f32(const float *x, float m, float *y, int64_t n)
     int fa_exp2_f32(const float *x, float *y, int64_t n)

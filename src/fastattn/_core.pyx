@@ -104,7 +104,8 @@ def attention(q, k, v, int k_dtype, int v_dtype,
               float[::1] out, lse, int nthreads, bint weights=False,
               block_table=None, bt_off=None, int64_t block_size=0, int64_t num_pages=0,
               int64_t k_ps=0, int64_t v_ps=0,
-              float softcap=0.0, alibi_slopes=None, sinks=None, segments=None):
+              float softcap=0.0, alibi_slopes=None, sinks=None, segments=None,
+              varlen=None):
     """SDPA (weights=False: out is (nbatch*L*Dv), lse None or (nbatch*L)) or the
     attention weights (weights=True: out is (nbatch*L*S)).
 
@@ -122,7 +123,17 @@ def attention(q, k, v, int k_dtype, int v_dtype,
     softcap: 0 = off. alibi_slopes, sinks: None or nbatch float32 values.
     segments: None or (q_ids, kv_ids, q_off, kv_off, q_sl, kv_ss, sorted) with
     int64 1-d arrays of ids and per-item offsets.
+
+    varlen: None, or (cu_q, cu_k, o_off, lse_off, o_rs, lse_rs) for a packed
+    batch (fa_varlen_f32): nbatch is the heads per sequence, the per-item
+    arrays have nseq * nbatch entries, L and S are ignored.
     """
+    cdef const int64_t[::1] cu_q
+    cdef const int64_t[::1] cu_k
+    cdef const int64_t[::1] o_off
+    cdef const int64_t[::1] lse_off
+    cdef int64_t nseq = 0
+    cdef bint is_varlen = varlen is not None
     cdef fa_attn_args a
     cdef const uint8_t[::1] bmask
     cdef const float[::1] fmask
@@ -208,6 +219,15 @@ def attention(q, k, v, int k_dtype, int v_dtype,
     if lse is not None:
         lse_view = lse
         lse_ptr = _wptr(lse_view)
+    if varlen is not None:
+        cu_q, cu_k, o_off, lse_off = varlen[:4]
+        nseq = cu_q.shape[0] - 1
+        if nseq < 0 or cu_k.shape[0] != cu_q.shape[0]:
+            raise ValueError("varlen: cu_q and cu_k must have the same length >= 1")
+        a.o_off = _iptr(o_off)
+        a.lse_off = _iptr(lse_off)
+        a.o_rs = varlen[4]
+        a.lse_rs = varlen[5]
     try:
         _get(q, &qb)
         held = 1
@@ -219,7 +239,10 @@ def attention(q, k, v, int k_dtype, int v_dtype,
         a.k = kb.buf
         a.v = vb.buf
         with nogil:
-            if weights:
+            if is_varlen:
+                status = fa_varlen_f32(&a, nseq, &cu_q[0], &cu_k[0], _wptr(out), lse_ptr,
+                                       nthreads)
+            elif weights:
                 status = fa_attention_weights_f32(&a, _wptr(out), nthreads)
             else:
                 status = fa_sdpa_f32(&a, _wptr(out), lse_ptr, nthreads)

@@ -208,7 +208,7 @@ def check_scale(scale: Any, D: int) -> float:
     return value
 
 
-def check_softcap(softcap):
+def check_softcap(softcap: Any) -> float:
     """The soft cap: 0.0 for None (off), else a finite float > 0 (as float32)."""
     if softcap is None:
         return 0.0
@@ -229,9 +229,10 @@ def check_softcap(softcap):
     return value32
 
 
-def per_head(value, name, head_shape, batch, finite):
+def per_head(value: Any, name: str, head_shape: Sequence[int], batch: Sequence[int],
+             finite: bool, target: str = "q.shape[:-2]") -> Optional[np.ndarray]:
     """`value` (None, or real floats broadcasting to `head_shape`, which is
-    q.shape[:-2]) as a C-contiguous float32 array of shape `batch`, or None."""
+    `target`) as a C-contiguous float32 array of shape `batch`, or None."""
     if value is None:
         return None
     if isinstance(value, np.ma.MaskedArray):
@@ -249,7 +250,7 @@ def per_head(value, name, head_shape, batch, finite):
     except ValueError:
         ok = False
     if not ok:
-        raise ValueError(f"{name} of shape {arr.shape} does not broadcast to q.shape[:-2] = "
+        raise ValueError(f"{name} of shape {arr.shape} does not broadcast to {target} = "
                          f"{head_shape} (one value per query head, e.g. shape "
                          f"{head_shape[-1:]} or {head_shape})")
     with np.errstate(over="ignore"):
@@ -270,7 +271,7 @@ class SegmentIds:
     sorted: bool
 
 
-def _ids(value, name, target):
+def _ids(value: Any, name: str, target: Tuple[int, ...]) -> np.ndarray:
     if isinstance(value, np.ma.MaskedArray):
         raise TypeError(f"{name} must be a plain integer array, not a masked array")
     try:
@@ -291,7 +292,8 @@ def _ids(value, name, target):
     return np.ascontiguousarray(arr, dtype=np.int64)
 
 
-def check_segment_ids(segment_ids, batch, L, S):
+def check_segment_ids(segment_ids: Any, batch: Sequence[int], L: int,
+                      S: int) -> Optional[SegmentIds]:
     """SegmentIds from `segment_ids`: None, a pair (q_ids, kv_ids) (a tuple, or
     a list of two arrays), or one integer array serving both when L == S."""
     if segment_ids is None:
@@ -527,3 +529,96 @@ def merge_inputs(outs, lses):
         raise ValueError(f"lses has partials of shape {l_shape}, expected {o_shape[:-1]} "
                          f"(the partial outputs' shape {o_shape} without its last axis)")
     return outs, lses, tuple(o_shape)
+
+
+# ----------------------------------------------------------------------------
+# Packed variable-length batches
+
+
+def check_cu_seqlens(cu: Any, name: str, total: int, what: str) -> np.ndarray:
+    """`cu` as an int64 array: 1-d integers from 0, non-decreasing, ending at
+    `total` (the packed length `what`)."""
+    if isinstance(cu, np.ma.MaskedArray):
+        raise TypeError(f"{name} must be a plain 1-d integer array, not a masked array")
+    try:
+        arr = np.asarray(cu)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name} must be a 1-d integer array: {exc}") from None
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be a 1-d integer array, got dtype {arr.dtype}")
+    if arr.ndim != 1 or arr.shape[0] < 1:
+        raise ValueError(f"{name} must be a 1-d array of B + 1 >= 1 offsets, got shape "
+                         f"{arr.shape}")
+    if int(arr[0]) != 0:
+        raise ValueError(f"{name} must start at 0, got {int(arr[0])}")
+    steps = np.diff(arr.astype(np.float64) if arr.dtype == np.uint64 else arr)
+    if np.any(steps < 0):
+        i = int(np.argmax(steps < 0))
+        raise ValueError(f"{name} must be non-decreasing, got {int(arr[i])} then "
+                         f"{int(arr[i + 1])} at index {i}")
+    if int(arr[-1]) != total:
+        raise ValueError(f"{name} must end at {what} = {total}, got {int(arr[-1])}")
+    return np.ascontiguousarray(arr, dtype=np.int64)
+
+
+@dataclass
+class VarlenInputs:
+    """Validated arguments of varlen_attention: q (total_q, Hq, D), k and v
+    (total_k, Hkv, D / Dv) with contiguous rows, cu_q and cu_k (B + 1,)."""
+
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    cu_q: np.ndarray
+    cu_k: np.ndarray
+    B: int
+    Hq: int
+    Hkv: int
+    D: int
+    Dv: int
+    scale: float
+    is_causal: bool
+    window: Tuple[Optional[int], Optional[int]]
+    softcap: float
+    alibi_slopes: Optional[np.ndarray]  # float32 (B, Hq)
+    sinks: Optional[np.ndarray]         # float32 (B, Hq)
+
+
+def varlen_inputs(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, is_causal: Any,
+                  window: Any, scale: Any, softcap: Any, alibi_slopes: Any,
+                  sinks: Any) -> VarlenInputs:
+    """Validate and convert the arguments of varlen_attention."""
+    q = as_rows(q, "q")
+    k = as_rows(k, "k", half=True)
+    v = as_rows(v, "v", half=True)
+    for arr, name, rows in ((q, "q", "total_q"), (k, "k", "total_k"), (v, "v", "total_k")):
+        if arr.ndim != 3:
+            raise ValueError(f"{name} must have 3 dimensions ({rows}, heads, features) "
+                             f"(packed sequences), got shape {arr.shape}")
+    total_q, Hq, D = q.shape
+    total_k, Hkv = k.shape[:2]
+    if D < 1:
+        raise ValueError(f"q must have D >= 1 features (last dimension), got shape {q.shape}")
+    if k.shape[2] != D:
+        raise ValueError(f"k's last dimension must equal q's D={D}, got k shape {k.shape}")
+    if v.shape[:2] != (total_k, Hkv):
+        raise ValueError(f"v must have k's total_k={total_k} rows and Hkv={Hkv} heads, got v "
+                         f"shape {v.shape}")
+    if Hkv < 1 or Hq % Hkv != 0:
+        raise ValueError(f"q's heads ({Hq}) must be a multiple of k's heads ({Hkv} >= 1)")
+    cu_q = check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", total_q, "total_q (q.shape[0])")
+    cu_k = check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", total_k, "total_k (k.shape[0])")
+    if cu_q.shape != cu_k.shape:
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have the same length B + 1, got "
+                         f"{cu_q.shape[0]} and {cu_k.shape[0]}")
+    B = cu_q.shape[0] - 1
+    heads = (B, Hq)
+    window = tuple(None if side is None else min(side, total_q + total_k)
+                   for side in check_window(window))
+    return VarlenInputs(
+        q=q, k=k, v=v, cu_q=cu_q, cu_k=cu_k, B=B, Hq=Hq, Hkv=Hkv, D=D, Dv=v.shape[2],
+        scale=check_scale(scale, D), is_causal=as_bool(is_causal, "is_causal"),
+        window=window, softcap=check_softcap(softcap),
+        alibi_slopes=per_head(alibi_slopes, "alibi_slopes", heads, heads, True, "(B, Hq)"),
+        sinks=per_head(sinks, "sinks", heads, heads, False, "(B, Hq)"),
+    )

@@ -23,6 +23,7 @@ from fastattn._validate import (
     check_window_size,
     merge_inputs,
     normalize_axis,
+    varlen_inputs,
 )
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "causal_attention",
     "sliding_window_attention",
     "attention_weights",
+    "varlen_attention",
     "merge_attention",
 ]
 
@@ -254,6 +256,38 @@ def attention_weights(q, k, attn_mask=None, *, is_causal=False, window=None, sca
     w, _, _ = _softmax_rows(_scores(a), a.sinks)
     return np.ascontiguousarray(w, dtype=np.float32)
 
+
+
+# ----------------------------------------------------------------------------
+# Packed variable-length batches
+
+
+def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, is_causal=False, window=None,
+                     scale=None, softcap=None, alibi_slopes=None, sinks=None, return_lse=False,
+                     out=None):
+    """Reference varlen attention: :func:`scaled_dot_product_attention` on each
+    packed sequence in turn (see :func:`fastattn.varlen_attention`)."""
+    a = varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal, window, scale, softcap,
+                      alibi_slopes, sinks)
+    return_lse = as_bool(return_lse, "return_lse")
+    total_q = a.q.shape[0]
+    o = np.zeros((total_q, a.Hq, a.Dv))
+    lse = np.full((total_q, a.Hq), -np.inf)
+    for b in range(a.B):
+        rows = slice(int(a.cu_q[b]), int(a.cu_q[b + 1]))
+        keys = slice(int(a.cu_k[b]), int(a.cu_k[b + 1]))
+        if rows.stop == rows.start or a.Hq == 0:
+            continue
+        ob, lb = scaled_dot_product_attention(
+            np.swapaxes(a.q[rows], 0, 1), np.swapaxes(a.k[keys].astype(np.float32), 0, 1),
+            np.swapaxes(a.v[keys].astype(np.float32), 0, 1), is_causal=a.is_causal,
+            window=a.window, scale=a.scale, softcap=a.softcap or None,
+            alibi_slopes=None if a.alibi_slopes is None else a.alibi_slopes[b],
+            sinks=None if a.sinks is None else a.sinks[b], enable_gqa=True, return_lse=True)
+        o[rows] = np.swapaxes(ob, 0, 1)
+        lse[rows] = np.swapaxes(lb, 0, 1)
+    result = _finish(o, out, [("q", q), ("k", k), ("v", v)])
+    return (result, lse.astype(np.float32)) if return_lse else result
 
 
 # ----------------------------------------------------------------------------
