@@ -186,16 +186,21 @@ static FA_TARGET double tile_exp_avx2(float *s, float m)
     return (double)hsum_avx2(sum);
 }
 
-/* Eight elements at p of dtype dt (a constant at each call) as float32:
+/* Eight half-precision elements (the bits in h) of dtype dt as float32:
  * F16C's exact float16 conversion, bfloat16 by a shift into the top half. */
+static FA_ALWAYS_INLINE FA_TARGET __m256 cvt8_avx2(__m128i h, int dt)
+{
+    if (dt == FA_DTYPE_F16)
+        return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* Eight elements at p of dtype dt (a constant at each call) as float32. */
 static FA_ALWAYS_INLINE FA_TARGET __m256 load8_avx2(const void *p, int dt)
 {
     if (dt == FA_DTYPE_F32)
         return _mm256_loadu_ps((const float *)p);
-    if (dt == FA_DTYPE_F16)
-        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-    return _mm256_castsi256_ps(
-        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+    return cvt8_avx2(_mm_loadu_si128((const __m128i *)p), dt);
 }
 
 /* The 8 x 8 block r[0..7] (row l: 8 floats) transposed in registers: on
@@ -266,16 +271,27 @@ static FA_TARGET void pack_kt_avx2(const void *k, int dt, int64_t rs, int64_t D,
         pack_kt_dt_avx2(k, FA_DTYPE_F32, rs, D, nk, kt);
 }
 
-/* dst[0..n) = src[0..n) (dtype dt) converted to float32, eight at a time;
- * 1 if all are finite. */
+/* dst[0..n) = src[0..n) (dtype dt) converted to float32; 1 if all are
+ * finite. Half-precision elements sixteen at a time, non-finite ones told by
+ * their exponent bits (all ones); float32 eight at a time (x - x is NaN). */
 static FA_ALWAYS_INLINE FA_TARGET int load_row_dt_avx2(const void *src, int dt, int64_t n,
                                                        float *dst)
 {
     const int64_t esz = (int64_t)fa_dtype_size(dt);
     __m256 bad = _mm256_setzero_ps();
+    __m256i badh = _mm256_setzero_si256();
     int badt = 0;
-    int64_t d;
-    for (d = 0; d + 8 <= n; d += 8) {
+    int64_t d = 0;
+    if (dt != FA_DTYPE_F32) {
+        const __m256i expo = _mm256_set1_epi16(dt == FA_DTYPE_F16 ? 0x7C00 : 0x7F80);
+        for (; d + 16 <= n; d += 16) {
+            const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)src + d));
+            badh = _mm256_or_si256(badh, _mm256_cmpeq_epi16(_mm256_and_si256(h, expo), expo));
+            _mm256_storeu_ps(dst + d, cvt8_avx2(_mm256_castsi256_si128(h), dt));
+            _mm256_storeu_ps(dst + d + 8, cvt8_avx2(_mm256_extracti128_si256(h, 1), dt));
+        }
+    }
+    for (; d + 8 <= n; d += 8) {
         const __m256 x = load8_avx2((const char *)src + d * esz, dt);
         _mm256_storeu_ps(dst + d, x);
         bad = _mm256_or_ps(bad, _mm256_sub_ps(x, x)); /* NaN lanes for inf and NaN */
@@ -285,7 +301,8 @@ static FA_ALWAYS_INLINE FA_TARGET int load_row_dt_avx2(const void *src, int dt, 
         dst[d] = x;
         badt |= (z != z);
     }
-    return !badt && !_mm256_movemask_ps(_mm256_cmp_ps(bad, bad, _CMP_UNORD_Q));
+    return !badt && !_mm256_movemask_ps(_mm256_cmp_ps(bad, bad, _CMP_UNORD_Q))
+           && _mm256_testz_si256(badh, badh);
 }
 
 #define FA_HAVE_LOAD_ROW 1

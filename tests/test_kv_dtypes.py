@@ -73,6 +73,54 @@ def test_half_kv_equals_float32_converted(simd, rng, dtype, opt, shape):
     assert_same_bits(got[1], want[1])
 
 
+def _score_options(rng, Hq, L, S):
+    """Every score option at once, and each alone."""
+    seg = np.sort(rng.integers(0, 3, S))
+    return {
+        "softcap": dict(softcap=7.5),
+        "alibi": dict(alibi_slopes=rng.random(Hq).astype(np.float32)),
+        "sinks": dict(sinks=randn(rng, Hq)),
+        "segments": dict(segment_ids=(seg[S - L:], seg)),
+        "all": dict(softcap=3.0, alibi_slopes=rng.random(Hq).astype(np.float32),
+                    sinks=randn(rng, Hq), segment_ids=(seg[S - L:], seg), is_causal=True,
+                    window=(50, None)),
+    }
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=HALF_IDS)
+@pytest.mark.parametrize("opt", ["softcap", "alibi", "sinks", "segments", "all"])
+@pytest.mark.parametrize("L", [1, 37])
+def test_half_kv_with_score_options(simd, rng, dtype, opt, L):
+    Hq, S = 6, 140
+    kw = _score_options(rng, Hq, L, S)[opt]
+    q, k, v = qkv(rng, (2, Hq, L, 24), (2, 2, S, 24), (2, 2, S, 20))
+    got, want = both(dict(kw, enable_gqa=True), q, k.astype(dtype), v.astype(dtype))
+    assert_same_bits(got[0], want[0])
+    assert_same_bits(got[1], want[1])
+    # and the same options on (B, L, H, D) views of half-precision k and v
+    kb, vb = (np.ascontiguousarray(a.astype(dtype).swapaxes(1, 2)).swapaxes(1, 2) for a in (k, v))
+    qb = np.ascontiguousarray(q.swapaxes(1, 2)).swapaxes(1, 2)
+    got = sdpa(qb, kb, vb, enable_gqa=True, return_lse=True, **kw)
+    assert_same_bits(got[0], want[0])
+    assert_same_bits(got[1], want[1])
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=HALF_IDS)
+def test_half_kv_varlen(simd, rng, dtype):
+    if not hasattr(fastattn, "varlen_attention"):
+        pytest.skip("varlen_attention is not there yet")
+    cu_q = np.array([0, 3, 3, 20, 21])
+    cu_k = np.array([0, 50, 60, 150, 300])
+    q, k, v = qkv(rng, (21, 4, 16), (300, 2, 16), (300, 2, 12))
+    for kw in ({}, dict(is_causal=True, softcap=5.0), dict(window=(10, 0))):
+        got = fastattn.varlen_attention(q, k.astype(dtype), v.astype(dtype), cu_q, cu_k,
+                                        return_lse=True, **kw)
+        want = fastattn.varlen_attention(q, f32(k.astype(dtype)), f32(v.astype(dtype)), cu_q,
+                                         cu_k, return_lse=True, **kw)
+        assert_same_bits(got[0], want[0])
+        assert_same_bits(got[1], want[1])
+
+
 @pytest.mark.parametrize("dtype", HALF, ids=HALF_IDS)
 @pytest.mark.parametrize("mask_kind", ["bool", "float", "bool-broadcast", "float-broadcast"])
 def test_half_kv_with_masks(simd, rng, dtype, mask_kind):
