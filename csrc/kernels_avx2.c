@@ -156,21 +156,25 @@ static FA_TARGET float tile_max_avx2(const float *s, float m)
 }
 
 /* A row of FA_BK scores s (natural units) -> exp(s - m) = 2**((s - m) log2 e),
- * and their sum. A row whose scores all lie within 85 of m (no -inf, no NaN:
- * (s - m) log2 e >= -124) takes exp2_normal_avx2: the same bits, fewer
- * instructions. */
+ * and their sum. A row whose scores are -inf (masked keys, the padding of a
+ * short tile) or lie within 85 of m (no NaN: (s - m) log2 e >= -124) takes
+ * exp2_normal_avx2, the -inf lanes set to exactly 0 as the general path sets
+ * them: the same bits, fewer instructions. */
 static FA_TARGET double tile_exp_avx2(float *s, float m)
 {
     const __m256 mv = _mm256_set1_ps(m), log2e = _mm256_set1_ps(FA_LOG2E);
-    const __m256 ninf = _mm256_set1_ps(-INFINITY);
-    __m256 sum = _mm256_setzero_ps(), mn = _mm256_set1_ps(INFINITY);
+    const __m256 ninf = _mm256_set1_ps(-INFINITY), pinf = _mm256_set1_ps(INFINITY);
+    __m256 sum = _mm256_setzero_ps(), mn = pinf;
     int jj;
-    for (jj = 0; jj < FA_BK; jj += 8)
-        mn = _mm256_min_ps(mn, _mm256_loadu_ps(s + jj));
-    if (hmin_avx2(mn) - m >= -85.0f) { /* false for NaN and -inf */
+    for (jj = 0; jj < FA_BK; jj += 8) { /* the least score above -inf */
+        const __m256 x = _mm256_loadu_ps(s + jj);
+        mn = _mm256_min_ps(mn, _mm256_blendv_ps(x, pinf, _mm256_cmp_ps(x, ninf, _CMP_EQ_OQ)));
+    }
+    if (hmin_avx2(mn) - m >= -85.0f) { /* false for NaN */
         for (jj = 0; jj < FA_BK; jj += 8) {
-            const __m256 p = exp2_normal_avx2(
-                _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(s + jj), mv), log2e));
+            const __m256 x = _mm256_loadu_ps(s + jj);
+            __m256 p = exp2_normal_avx2(_mm256_mul_ps(_mm256_sub_ps(x, mv), log2e));
+            p = _mm256_andnot_ps(_mm256_cmp_ps(x, ninf, _CMP_EQ_OQ), p); /* -inf: exactly 0 */
             _mm256_storeu_ps(s + jj, p);
             sum = _mm256_add_ps(sum, p);
         }
