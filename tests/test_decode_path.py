@@ -130,3 +130,23 @@ def test_decode_strided_kv_matches_the_general_path(simd, rng):
         o = _sdpa(q[:, :, i:i + 1], k, v)
         assert_same_bits(o[0], full[0][:, :, i:i + 1])
         assert_same_bits(o[1], full[1][:, :, i:i + 1])
+
+
+@pytest.mark.skipif(not {"avx2", "avx512"} <= set(PATHS), reason="needs the AVX2 and AVX-512 paths")
+def test_avx512_path_gives_the_avx2_bits(rng):
+    # the AVX-512 micro-kernel sums each product as the AVX2 one does
+    q, k, v = qkv(rng, (2, 4, 130, 64), (2, 2, 300, 64), (2, 2, 300, 40))
+    pad = (np.arange(300) < np.array([300, 77])[:, None])[:, None, None, :]
+    before = fastattn.show_config(print_=False)["simd"]
+    got = {}
+    try:
+        for path in ("avx2", "avx512"):
+            _core.select_simd(path)
+            got[path] = (_sdpa(q, k, v, pad, is_causal=True), _sdpa(q[:, :, :1], k, v),
+                         fastattn.attention_weights(q, k, pad, enable_gqa=True),
+                         fastattn.softmax(q))
+    finally:
+        _core.select_simd(before)
+    for a, b in zip(got["avx2"], got["avx512"]):
+        for x, y in zip(a if isinstance(a, tuple) else (a,), b if isinstance(b, tuple) else (b,)):
+            assert_same_bits(x, y)
