@@ -75,6 +75,7 @@ typedef struct {
     float *mt;        /* FA_BQ       the rows' totals over the chunks done: max, */
     double *lt;       /* FA_BQ       sum */
     float *acct;      /* FA_BQ x Dvp and accumulators */
+    void *arena;      /* the one allocation that holds all of the above */
 } fa_scratch;
 
 typedef struct {
