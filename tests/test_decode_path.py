@@ -150,3 +150,24 @@ def test_avx512_path_gives_the_avx2_bits(rng):
     for a, b in zip(got["avx2"], got["avx512"]):
         for x, y in zip(a if isinstance(a, tuple) else (a,), b if isinstance(b, tuple) else (b,)):
             assert_same_bits(x, y)
+
+
+def test_decode_score_options_match_the_general_path(simd, rng):
+    # softcap, ALiBi, sinks and segment ids on the few-rows path: a decoding
+    # step is the last row of a prefill over the same keys
+    B, H, Hkv, L, S, D = 2, 8, 2, 32, 700, 32
+    q, k, v = qkv(rng, (B, H, L, D), (B, Hkv, S, D), (B, Hkv, S, D))
+    slopes = rng.uniform(0.01, 0.5, H).astype(np.float32)
+    sinks = rng.standard_normal(H).astype(np.float32)
+    kv_ids = np.repeat(np.arange(S) // 200, 1)[None].repeat(B, 0)
+    q_ids = np.full((B, L), 3)
+    q_ids[1] = 2
+    for kw in [{"softcap": 5.0}, {"alibi_slopes": slopes}, {"sinks": sinks},
+               {"segment_ids": (q_ids[:, None, :], kv_ids[:, None, :])},
+               {"softcap": 3.0, "alibi_slopes": slopes, "sinks": sinks, "is_causal": True}]:
+        full = _sdpa(q, k, v, **kw)
+        if "segment_ids" in kw:
+            kw = dict(kw, segment_ids=(q_ids[:, None, -1:], kv_ids[:, None, :]))
+        last = _sdpa(q[:, :, -1:], k, v, **kw)
+        assert_same_bits(last[0], full[0][:, :, -1:])
+        assert_same_bits(last[1], full[1][:, :, -1:])
