@@ -23,7 +23,8 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 SOURCES = ["src/fastattn/_core.pyx", "csrc/rowwise.c", "csrc/attention.c", "csrc/config.c",
-           "csrc/dispatch.c", "csrc/kernels_generic.c", "csrc/kernels_avx2.c", "csrc/merge.c",
+           "csrc/dispatch.c", "csrc/kernels_generic.c", "csrc/kernels_avx2.c", "csrc/kernels_avx512.c",
+           "csrc/merge.c",
            "csrc/peak.c"]
 
 PLAIN_PROBE = "int main(void) { return 0; }\n"
@@ -160,6 +161,7 @@ extensions = [
         sources=SOURCES,
         include_dirs=["csrc"],
         depends=["csrc/fastattn.h", "csrc/fa_internal.h", "csrc/fa_kernels.h", "csrc/kernels.inc",
+                 "csrc/kernels_avx2.c",
                  "src/fastattn/_core.pxd"],
     )
 ]

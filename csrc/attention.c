@@ -27,59 +27,94 @@
 
 #define FA_MAX_PARTIAL (32.0 * 1024 * 1024) /* bytes of partials for split units, at most */
 
+/* A thread's working memory is one allocation, carved into the buffers of
+ * fa_scratch, each FA_SCRATCH_ALIGN-aligned and followed by a gap of that
+ * size; under AddressSanitizer the gaps are poisoned, so an overrun of any
+ * one buffer is still reported. */
+#define FA_SCRATCH_ALIGN 64
+#if defined(__SANITIZE_ADDRESS__)
+#define FA_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define FA_ASAN 1
+#endif
+#endif
+#ifdef FA_ASAN
+#include <sanitizer/asan_interface.h>
+#endif
+
 static void scratch_free(fa_scratch *w)
 {
-    free(w->qpad);
-    free(w->kt);
-    free(w->sc);
-    free(w->vpad);
-    free(w->tile);
-    free(w->acc);
-    free(w->m);
-    free(w->alpha);
-    free(w->l);
-    free(w->lo);
-    free(w->hi);
-    free(w->live);
-    free(w->prow);
-    free(w->vrow);
-    free(w->allow);
-    free(w->mt);
-    free(w->lt);
-    free(w->acct);
+    free(w->arena); /* (ASan's allocator takes poisoned gaps back as they are) */
+    w->arena = NULL;
 }
 
 static int scratch_alloc(fa_scratch *w, int64_t D, int64_t Dv)
 {
-    size_t Dp = (size_t)D, Dvp = (size_t)((Dv + FA_NR - 1) / FA_NR * FA_NR);
+    const size_t Dp = (size_t)D, Dvp = (size_t)((Dv + FA_NR - 1) / FA_NR * FA_NR);
+    /* the buffers' sizes in bytes, in the order they are carved */
+    const size_t sizes[18] = {
+        FA_BQ * Dp * sizeof(float),            /* qpad */
+        Dp * FA_BK * sizeof(float),            /* kt */
+        FA_BQ * FA_BK * sizeof(float),         /* sc */
+        (FA_BK * Dvp + 1) * sizeof(float),     /* vpad */
+        (FA_BQ * Dvp + 1) * sizeof(float),     /* tile */
+        (FA_BQ * Dvp + 1) * sizeof(float),     /* acc */
+        FA_BQ * sizeof(float),                 /* m */
+        FA_BQ * sizeof(float),                 /* alpha */
+        FA_BQ * sizeof(double),                /* l */
+        FA_BQ * sizeof(int64_t),               /* lo */
+        FA_BQ * sizeof(int64_t),               /* hi */
+        FA_BQ,                                 /* live */
+        FA_MAX_MR * FA_BK * sizeof(float),     /* prow */
+        (FA_BK * Dvp + 1) * sizeof(float),     /* vrow */
+        FA_BQ * FA_BK,                         /* allow */
+        FA_BQ * sizeof(float),                 /* mt */
+        FA_BQ * sizeof(double),                /* lt */
+        (FA_BQ * Dvp + 1) * sizeof(float),     /* acct */
+    };
+    void **slots[18];
+    size_t offs[18], total = 0;
+    char *base;
+    int i;
     memset(w, 0, sizeof *w);
     if ((uint64_t)D > ((uint64_t)1 << 40) / FA_BQ || (uint64_t)Dv > ((uint64_t)1 << 40) / FA_BQ)
         return FA_ERR_NOMEM;
-    w->Dvp = (int64_t)Dvp;
-    w->qpad = (float *)malloc(FA_BQ * Dp * sizeof(float));
-    w->kt = (float *)malloc(Dp * FA_BK * sizeof(float));
-    w->sc = (float *)malloc(FA_BQ * FA_BK * sizeof(float));
-    w->vpad = (float *)malloc((FA_BK * Dvp + 1) * sizeof(float));
-    w->tile = (float *)malloc((FA_BQ * Dvp + 1) * sizeof(float));
-    w->acc = (float *)malloc((FA_BQ * Dvp + 1) * sizeof(float));
-    w->m = (float *)malloc(FA_BQ * sizeof(float));
-    w->alpha = (float *)malloc(FA_BQ * sizeof(float));
-    w->l = (double *)malloc(FA_BQ * sizeof(double));
-    w->lo = (int64_t *)malloc(FA_BQ * sizeof(int64_t));
-    w->hi = (int64_t *)malloc(FA_BQ * sizeof(int64_t));
-    w->live = (unsigned char *)malloc(FA_BQ);
-    w->prow = (float *)malloc(FA_MAX_MR * FA_BK * sizeof(float));
-    w->vrow = (float *)malloc((FA_BK * Dvp + 1) * sizeof(float));
-    w->allow = (unsigned char *)malloc(FA_BQ * FA_BK);
-    w->mt = (float *)malloc(FA_BQ * sizeof(float));
-    w->lt = (double *)malloc(FA_BQ * sizeof(double));
-    w->acct = (float *)malloc((FA_BQ * Dvp + 1) * sizeof(float));
-    if (!w->qpad || !w->kt || !w->sc || !w->vpad || !w->tile || !w->acc || !w->m
-        || !w->alpha || !w->l || !w->lo || !w->hi || !w->live || !w->prow || !w->vrow
-        || !w->allow || !w->mt || !w->lt || !w->acct) {
-        scratch_free(w);
-        return FA_ERR_NOMEM;
+    slots[0] = (void **)&w->qpad;
+    slots[1] = (void **)&w->kt;
+    slots[2] = (void **)&w->sc;
+    slots[3] = (void **)&w->vpad;
+    slots[4] = (void **)&w->tile;
+    slots[5] = (void **)&w->acc;
+    slots[6] = (void **)&w->m;
+    slots[7] = (void **)&w->alpha;
+    slots[8] = (void **)&w->l;
+    slots[9] = (void **)&w->lo;
+    slots[10] = (void **)&w->hi;
+    slots[11] = (void **)&w->live;
+    slots[12] = (void **)&w->prow;
+    slots[13] = (void **)&w->vrow;
+    slots[14] = (void **)&w->allow;
+    slots[15] = (void **)&w->mt;
+    slots[16] = (void **)&w->lt;
+    slots[17] = (void **)&w->acct;
+    for (i = 0; i < 18; i++) {
+        offs[i] = total;
+        total += (sizes[i] + 2 * FA_SCRATCH_ALIGN - 1) / FA_SCRATCH_ALIGN * FA_SCRATCH_ALIGN;
     }
+    w->arena = malloc(total + FA_SCRATCH_ALIGN);
+    if (!w->arena)
+        return FA_ERR_NOMEM;
+    base = (char *)w->arena + (FA_SCRATCH_ALIGN - (uintptr_t)w->arena % FA_SCRATCH_ALIGN)
+                                  % FA_SCRATCH_ALIGN;
+    for (i = 0; i < 18; i++) {
+        *slots[i] = base + offs[i];
+#ifdef FA_ASAN
+        ASAN_POISON_MEMORY_REGION(base + offs[i] + sizes[i],
+                                  (i + 1 < 18 ? offs[i + 1] : total) - offs[i] - sizes[i]);
+#endif
+    }
+    w->Dvp = (int64_t)Dvp;
     return FA_OK;
 }
 

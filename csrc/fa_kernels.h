@@ -32,7 +32,7 @@
  * order depends on S alone, so a unit's chunks may run on different threads
  * (few query rows: decoding) with the same bits as one thread running them. */
 #define FA_CK 1024
-#define FA_MAX_MR 8 /* rows of a micro-kernel block, at most */
+#define FA_MAX_MR 12 /* rows of a micro-kernel block, at most (each variant checks its FA_MR) */
 /* A work unit of at most this many query rows (decoding: one row per head, or
  * the heads of one GQA group) takes the few-rows kernels: the same products,
  * read from k's and v's rows in place instead of packed tiles of FA_MR-row
@@ -75,6 +75,7 @@ typedef struct {
     float *mt;        /* FA_BQ       the rows' totals over the chunks done: max, */
     double *lt;       /* FA_BQ       sum */
     float *acct;      /* FA_BQ x Dvp and accumulators */
+    void *arena;      /* the one allocation that holds all of the above */
 } fa_scratch;
 
 typedef struct {
@@ -97,6 +98,7 @@ typedef struct {
 extern const fa_kernel_table fa_kernels_generic;
 #if defined(FA_HAVE_X86_VARIANTS)
 extern const fa_kernel_table fa_kernels_avx2;
+extern const fa_kernel_table fa_kernels_avx512;
 #endif
 
 /* Folds a chunk's partial (m, l, acc) of nr rows into the totals (M, L, A),

@@ -7,17 +7,20 @@
 #include <immintrin.h>
 #include <math.h>
 
+#ifndef FA_VARIANT_NAME /* kernels_avx512.c includes this file with its own target and names */
 #define FA_TARGET __attribute__((target("avx2,fma,f16c")))
 #define FA_NAME(x) x##_avx2
 #define FA_VARIANT_NAME "avx2"
 #define FA_MR 6
+#endif
 
 #include "fa_internal.h" /* its helpers compiled for this target */
 
+#ifndef FA_HAVE_GEMM_BLOCK /* (a variant that includes this file may bring its own) */
 /* One 6 x 16 block of C = A . B in twelve ymm accumulators, one fused
  * multiply-add per element and step of d, d ascending. */
 #define FA_HAVE_GEMM_BLOCK 1
-static FA_TARGET void gemm_block_avx2(const float *a, int64_t lda, const float *b,
+static FA_TARGET void FA_NAME(gemm_block)(const float *a, int64_t lda, const float *b,
                                       int64_t ldb, int64_t K, float *c, int64_t ldc)
 {
     __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps();
@@ -63,6 +66,7 @@ static FA_TARGET void gemm_block_avx2(const float *a, int64_t lda, const float *
     _mm256_storeu_ps(c + 5 * ldc, c50);
     _mm256_storeu_ps(c + 5 * ldc + 8, c51);
 }
+#endif
 
 /* 2**f for |f| <= 1/2 (a little beyond is fine): fa_exp2f's polynomial with
  * fused multiply-adds. */
@@ -139,7 +143,7 @@ static inline FA_TARGET float hmin_avx2(__m256 v)
 
 /* The tile softmax step, eight lanes at a time (see the portable versions). */
 #define FA_HAVE_TILE_SOFTMAX 1
-static FA_TARGET float tile_max_avx2(const float *s, float m)
+static FA_TARGET float FA_NAME(tile_max)(const float *s, float m)
 {
     __m256 mx = _mm256_set1_ps(-INFINITY), nan = _mm256_setzero_ps();
     float r;
@@ -156,21 +160,25 @@ static FA_TARGET float tile_max_avx2(const float *s, float m)
 }
 
 /* A row of FA_BK scores s (natural units) -> exp(s - m) = 2**((s - m) log2 e),
- * and their sum. A row whose scores all lie within 85 of m (no -inf, no NaN:
- * (s - m) log2 e >= -124) takes exp2_normal_avx2: the same bits, fewer
- * instructions. */
-static FA_TARGET double tile_exp_avx2(float *s, float m)
+ * and their sum. A row whose scores are -inf (masked keys, the padding of a
+ * short tile) or lie within 85 of m (no NaN: (s - m) log2 e >= -124) takes
+ * exp2_normal_avx2, the -inf lanes set to exactly 0 as the general path sets
+ * them: the same bits, fewer instructions. */
+static FA_TARGET double FA_NAME(tile_exp)(float *s, float m)
 {
     const __m256 mv = _mm256_set1_ps(m), log2e = _mm256_set1_ps(FA_LOG2E);
-    const __m256 ninf = _mm256_set1_ps(-INFINITY);
-    __m256 sum = _mm256_setzero_ps(), mn = _mm256_set1_ps(INFINITY);
+    const __m256 ninf = _mm256_set1_ps(-INFINITY), pinf = _mm256_set1_ps(INFINITY);
+    __m256 sum = _mm256_setzero_ps(), mn = pinf;
     int jj;
-    for (jj = 0; jj < FA_BK; jj += 8)
-        mn = _mm256_min_ps(mn, _mm256_loadu_ps(s + jj));
-    if (hmin_avx2(mn) - m >= -85.0f) { /* false for NaN and -inf */
+    for (jj = 0; jj < FA_BK; jj += 8) { /* the least score above -inf */
+        const __m256 x = _mm256_loadu_ps(s + jj);
+        mn = _mm256_min_ps(mn, _mm256_blendv_ps(x, pinf, _mm256_cmp_ps(x, ninf, _CMP_EQ_OQ)));
+    }
+    if (hmin_avx2(mn) - m >= -85.0f) { /* false for NaN */
         for (jj = 0; jj < FA_BK; jj += 8) {
-            const __m256 p = exp2_normal_avx2(
-                _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(s + jj), mv), log2e));
+            const __m256 x = _mm256_loadu_ps(s + jj);
+            __m256 p = exp2_normal_avx2(_mm256_mul_ps(_mm256_sub_ps(x, mv), log2e));
+            p = _mm256_andnot_ps(_mm256_cmp_ps(x, ninf, _CMP_EQ_OQ), p); /* -inf: exactly 0 */
             _mm256_storeu_ps(s + jj, p);
             sum = _mm256_add_ps(sum, p);
         }
@@ -260,7 +268,7 @@ static FA_ALWAYS_INLINE FA_TARGET void pack_kt_dt_avx2(const void *k, int dt, in
 }
 
 #define FA_HAVE_PACK_KT 1
-static FA_TARGET void pack_kt_avx2(const void *k, int dt, int64_t rs, int64_t D, int64_t nk,
+static FA_TARGET void FA_NAME(pack_kt)(const void *k, int dt, int64_t rs, int64_t D, int64_t nk,
                                    float *kt)
 {
     if (dt == FA_DTYPE_F16)
@@ -306,7 +314,7 @@ static FA_ALWAYS_INLINE FA_TARGET int load_row_dt_avx2(const void *src, int dt, 
 }
 
 #define FA_HAVE_LOAD_ROW 1
-static FA_TARGET int load_row_avx2(const void *src, int dt, int64_t n, float *dst)
+static FA_TARGET int FA_NAME(load_row)(const void *src, int dt, int64_t n, float *dst)
 {
     if (dt == FA_DTYPE_F16)
         return load_row_dt_avx2(src, FA_DTYPE_F16, n, dst);
@@ -376,7 +384,7 @@ static FA_ALWAYS_INLINE FA_TARGET void few_scores_dt_avx2(const float *q, int64_
 }
 
 #define FA_HAVE_FEW_KERNELS 1
-static FA_TARGET void few_scores_avx2(const float *q, int64_t nr, const void *k, int dt,
+static FA_TARGET void FA_NAME(few_scores)(const float *q, int64_t nr, const void *k, int dt,
                                       int64_t rs, int64_t D, int64_t nk, float *s)
 {
     if (dt == FA_DTYPE_F16)
@@ -416,12 +424,12 @@ static FA_ALWAYS_INLINE FA_TARGET void few_pv_n_avx2(const float *p, const int n
     }
 }
 
-static FA_TARGET void few_pv_avx2(const float *p, int64_t nr, const float *vp, int64_t ld,
+static FA_TARGET void FA_NAME(few_pv)(const float *p, int64_t nr, const float *vp, int64_t ld,
                                   int64_t Dvp, int64_t nk, float *tile)
 {
     if (nr > 6) { /* two passes: twelve accumulators at most */
         few_pv_n_avx2(p, 4, vp, ld, Dvp, nk, tile);
-        few_pv_avx2(p + 4 * FA_BK, nr - 4, vp, ld, Dvp, nk, tile + 4 * Dvp);
+        FA_NAME(few_pv)(p + 4 * FA_BK, nr - 4, vp, ld, Dvp, nk, tile + 4 * Dvp);
         return;
     }
     switch (nr) {
@@ -445,7 +453,7 @@ static inline FA_TARGET __m256i tail_mask_avx2(int64_t n)
  * exp2_normal_avx2 where all eight lie in [-124, 0], else exp2_avx2 (so the
  * tests reach both). */
 #define FA_HAVE_EXP2_ARRAY 1
-static FA_TARGET void exp2_array_avx2(const float *x, float *y, int64_t n)
+static FA_TARGET void FA_NAME(exp2_array)(const float *x, float *y, int64_t n)
 {
     int64_t j;
     for (j = 0; j < n; j += 8) {
@@ -654,7 +662,7 @@ static inline FA_TARGET void finish_row_avx2(const float *src, float *out, int64
  * a max pass (which also finds the minimum), the exponential pass, then the
  * scale pass. */
 #define FA_HAVE_ROWWISE 1
-static FA_TARGET void rowwise_row_avx2(const float *x, float *out, int64_t n, int op,
+static FA_TARGET void FA_NAME(rowwise_row)(const float *x, float *out, int64_t n, int op,
                                        const float *next)
 {
     __m256 mx = _mm256_set1_ps(-INFINITY), mn = _mm256_set1_ps(INFINITY);

@@ -376,6 +376,24 @@ def agreement(a, b):
     return float(cos.min()), float(np.abs(a64 - b64).max())
 
 
+def _torch_sdpa(threads):
+    """PyTorch's scaled_dot_product_attention on the same NumPy arrays (zero-copy
+    tensors, `threads` threads, no autograd), or None without PyTorch."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    torch.set_num_threads(threads)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def attention(q, k, v, attn_mask):
+        with torch.no_grad():
+            return sdpa(torch.from_numpy(q), torch.from_numpy(k), torch.from_numpy(v),
+                        attn_mask=None if attn_mask is None else torch.from_numpy(attn_mask)
+                        ).numpy()
+    return attention
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         description="all-MiniLM-L6-v2 sentence embeddings in NumPy with fastattn's attention: "
@@ -403,6 +421,9 @@ def main(argv=None):
         print(f"{lab:<4}({len(toks):>3} tokens) {s}")
 
     runs = [("fastattn", fastattn.scaled_dot_product_attention)]
+    torch_sdpa = _torch_sdpa(fastattn.get_num_threads())
+    if torch_sdpa is not None:  # the same batch through PyTorch's SDPA, for comparison
+        runs.append(("torch SDPA", torch_sdpa))
     if args.reference:
         runs.append(("reference", reference.scaled_dot_product_attention))
     results = {}

@@ -130,3 +130,44 @@ def test_decode_strided_kv_matches_the_general_path(simd, rng):
         o = _sdpa(q[:, :, i:i + 1], k, v)
         assert_same_bits(o[0], full[0][:, :, i:i + 1])
         assert_same_bits(o[1], full[1][:, :, i:i + 1])
+
+
+@pytest.mark.skipif(not {"avx2", "avx512"} <= set(PATHS), reason="needs the AVX2 and AVX-512 paths")
+def test_avx512_path_gives_the_avx2_bits(rng):
+    # the AVX-512 micro-kernel sums each product as the AVX2 one does
+    q, k, v = qkv(rng, (2, 4, 130, 64), (2, 2, 300, 64), (2, 2, 300, 40))
+    pad = (np.arange(300) < np.array([300, 77])[:, None])[:, None, None, :]
+    before = fastattn.show_config(print_=False)["simd"]
+    got = {}
+    try:
+        for path in ("avx2", "avx512"):
+            _core.select_simd(path)
+            got[path] = (_sdpa(q, k, v, pad, is_causal=True), _sdpa(q[:, :, :1], k, v),
+                         fastattn.attention_weights(q, k, pad, enable_gqa=True),
+                         fastattn.softmax(q))
+    finally:
+        _core.select_simd(before)
+    for a, b in zip(got["avx2"], got["avx512"]):
+        for x, y in zip(a if isinstance(a, tuple) else (a,), b if isinstance(b, tuple) else (b,)):
+            assert_same_bits(x, y)
+
+
+def test_decode_score_options_match_the_general_path(simd, rng):
+    # softcap, ALiBi, sinks and segment ids on the few-rows path: a decoding
+    # step is the last row of a prefill over the same keys
+    B, H, Hkv, L, S, D = 2, 8, 2, 32, 700, 32
+    q, k, v = qkv(rng, (B, H, L, D), (B, Hkv, S, D), (B, Hkv, S, D))
+    slopes = rng.uniform(0.01, 0.5, H).astype(np.float32)
+    sinks = rng.standard_normal(H).astype(np.float32)
+    kv_ids = np.repeat(np.arange(S) // 200, 1)[None].repeat(B, 0)
+    q_ids = np.full((B, L), 3)
+    q_ids[1] = 2
+    for kw in [{"softcap": 5.0}, {"alibi_slopes": slopes}, {"sinks": sinks},
+               {"segment_ids": (q_ids[:, None, :], kv_ids[:, None, :])},
+               {"softcap": 3.0, "alibi_slopes": slopes, "sinks": sinks, "is_causal": True}]:
+        full = _sdpa(q, k, v, **kw)
+        if "segment_ids" in kw:
+            kw = dict(kw, segment_ids=(q_ids[:, None, -1:], kv_ids[:, None, :]))
+        last = _sdpa(q[:, :, -1:], k, v, **kw)
+        assert_same_bits(last[0], full[0][:, :, -1:])
+        assert_same_bits(last[1], full[1][:, :, -1:])
