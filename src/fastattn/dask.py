@@ -46,7 +46,7 @@ _SPLIT_EVERY = 8  # partials merged per task in the tree
 try:
     from distributed.diagnostics.plugin import WorkerPlugin as _WorkerPlugin
 except ImportError:  # pragma: no cover - dask without distributed
-    _WorkerPlugin = object
+    _WorkerPlugin = object  # type: ignore[misc,assignment]
 
 
 class FastattnThreads(_WorkerPlugin):
