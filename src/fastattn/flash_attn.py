@@ -34,6 +34,7 @@ import numpy as np
 
 import fastattn
 from fastattn import _api  # _paged_sdpa: the kernel's in-place paged read
+from fastattn._validate import as_array
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"]
 
@@ -56,10 +57,7 @@ def _array(x, name, ndim, writeable=False):
             raise ValueError(f"{name} must be writeable: k and v are appended into it in place")
         arr = x
     else:
-        try:
-            arr = np.asarray(x)
-        except (TypeError, ValueError) as exc:
-            raise TypeError(f"{name} must be an array of real floating values: {exc}") from None
+        arr = as_array(x, name)  # torch tensors, DLPack, bfloat16: fastattn's one rule
     if not _real_float_dtype(arr.dtype):
         raise TypeError(f"{name} must have a real floating dtype (float16, bfloat16, float32 "
                         f"or float64), got {arr.dtype}")
