@@ -5,7 +5,7 @@ Same names, signatures and semantics as the computing functions of
 plain NumPy), written as the
 textbook steps (scores, scale, mask, softmax, weighted sum) so that a reader can
 check the compiled results by eye. Arguments go through the same checks as the
-compiled API (:mod:`fastattn._validate`) and are rounded to float32 like its
+compiled API (``fastattn._validate``) and are rounded to float32 like its
 inputs; the arithmetic is float64 and the results are returned as float32.
 Attention here forms the full (..., L, S) score matrix: O(L x S) memory, for
 checking, not for speed.
