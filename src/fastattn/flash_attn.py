@@ -443,7 +443,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     out : ndarray, float32, shape (total_q, H, Dv)
     softmax_lse : ndarray, float32, shape (H, total_q)
         Only with `return_attn_probs`; FlashAttention's unpadded layout (heads
-        first). :func:`fastattn.varlen_attention` gives it as (total_q, H).
+        first); ``softmax_lse.T`` is the token-major (total_q, H).
     attn_probs : ndarray, float32, shape (B, H, max_seqlen_q, max_seqlen_k)
         Only with `return_attn_probs`: sequence ``b``'s weights in the top-left
         ``(L_b, S_b)`` corner, zeros elsewhere.
