@@ -139,3 +139,16 @@ def test_jax_cpu_arrays(qkv):
     assert_same_bits(got, fastattn.scaled_dot_product_attention(q, k, v))
     qb = jnp.asarray(q, dtype=jnp.bfloat16)
     assert_same_bits(fastattn.softmax(qb), fastattn.softmax(np.asarray(qb, np.float32)))
+
+
+def test_flash_attn_takes_torch_tensors(torch, rng):
+    from fastattn.flash_attn import flash_attn_func
+
+    q, k, v = (randn(rng, 2, 5, 4, 8) for _ in range(3))   # (B, L, H, D)
+    want = flash_attn_func(q, k, v, causal=True)
+    got = flash_attn_func(*(torch.from_numpy(x) for x in (q, k, v)), causal=True)
+    assert type(got) is np.ndarray
+    assert_same_bits(got, want)
+    with pytest.raises(TypeError, match=r"^k is a torch tensor that requires grad"):
+        flash_attn_func(torch.from_numpy(q), torch.from_numpy(k).requires_grad_(True),
+                        torch.from_numpy(v))

@@ -5,10 +5,12 @@ GIL and calls one C entry point, and C works on contiguous float32 buffers.
 """
 import math
 import os as _os
-from typing import Optional
+from typing import Literal, Optional, overload
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
+
+from fastattn._typing import AttentionResult, Float32Array, SegmentIds, Window, WithLse
 
 from fastattn import _core
 from fastattn._validate import (
@@ -558,10 +560,43 @@ def _sdpa(q, k, v, attn_mask, is_causal, window, scale, softcap, alibi_slopes, s
     return (out, lse) if return_lse else out
 
 
-def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, window=None,
-                                 scale=None, softcap=None, alibi_slopes=None, sinks=None,
-                                 segment_ids=None, enable_gqa=False, return_lse=False,
-                                 out=None):
+@overload
+def scaled_dot_product_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike,
+                                 attn_mask: Optional[ArrayLike] = ..., *, is_causal: bool = ...,
+                                 window: Window = ..., scale: Optional[float] = ...,
+                                 softcap: Optional[float] = ...,
+                                 alibi_slopes: Optional[ArrayLike] = ...,
+                                 sinks: Optional[ArrayLike] = ..., segment_ids: SegmentIds = ...,
+                                 enable_gqa: bool = ..., return_lse: Literal[False] = ...,
+                                 out: Optional[Float32Array] = ...) -> Float32Array: ...
+@overload
+def scaled_dot_product_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike,
+                                 attn_mask: Optional[ArrayLike] = ..., *, is_causal: bool = ...,
+                                 window: Window = ..., scale: Optional[float] = ...,
+                                 softcap: Optional[float] = ...,
+                                 alibi_slopes: Optional[ArrayLike] = ...,
+                                 sinks: Optional[ArrayLike] = ..., segment_ids: SegmentIds = ...,
+                                 enable_gqa: bool = ..., return_lse: Literal[True],
+                                 out: Optional[Float32Array] = ...) -> WithLse: ...
+@overload
+def scaled_dot_product_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike,
+                                 attn_mask: Optional[ArrayLike] = ..., *, is_causal: bool = ...,
+                                 window: Window = ..., scale: Optional[float] = ...,
+                                 softcap: Optional[float] = ...,
+                                 alibi_slopes: Optional[ArrayLike] = ...,
+                                 sinks: Optional[ArrayLike] = ..., segment_ids: SegmentIds = ...,
+                                 enable_gqa: bool = ..., return_lse: bool = ...,
+                                 out: Optional[Float32Array] = ...) -> AttentionResult: ...
+
+def scaled_dot_product_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike,
+                                 attn_mask: Optional[ArrayLike] = None, *,
+                                 is_causal: bool = False, window: Window = None,
+                                 scale: Optional[float] = None, softcap: Optional[float] = None,
+                                 alibi_slopes: Optional[ArrayLike] = None,
+                                 sinks: Optional[ArrayLike] = None,
+                                 segment_ids: SegmentIds = None, enable_gqa: bool = False,
+                                 return_lse: bool = False,
+                                 out: Optional[Float32Array] = None) -> AttentionResult:
     """Scaled dot-product attention, fused, tiled and exact in float32.
 
     ``softmax(scale * q @ k.T + mask) @ v`` over the allowed keys, computed
@@ -699,9 +734,37 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, wi
                  segment_ids, enable_gqa, return_lse, out)
 
 
-def causal_attention(q, k, v, attn_mask=None, *, window=None, scale=None, softcap=None,
-                     alibi_slopes=None, sinks=None, segment_ids=None, enable_gqa=False,
-                     return_lse=False, out=None):
+@overload
+def causal_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike,
+                     attn_mask: Optional[ArrayLike] = ..., *, window: Window = ...,
+                     scale: Optional[float] = ..., softcap: Optional[float] = ...,
+                     alibi_slopes: Optional[ArrayLike] = ..., sinks: Optional[ArrayLike] = ...,
+                     segment_ids: SegmentIds = ..., enable_gqa: bool = ...,
+                     return_lse: Literal[False] = ...,
+                     out: Optional[Float32Array] = ...) -> Float32Array: ...
+@overload
+def causal_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike,
+                     attn_mask: Optional[ArrayLike] = ..., *, window: Window = ...,
+                     scale: Optional[float] = ..., softcap: Optional[float] = ...,
+                     alibi_slopes: Optional[ArrayLike] = ..., sinks: Optional[ArrayLike] = ...,
+                     segment_ids: SegmentIds = ..., enable_gqa: bool = ...,
+                     return_lse: Literal[True], out: Optional[Float32Array] = ...) -> WithLse: ...
+@overload
+def causal_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike,
+                     attn_mask: Optional[ArrayLike] = ..., *, window: Window = ...,
+                     scale: Optional[float] = ..., softcap: Optional[float] = ...,
+                     alibi_slopes: Optional[ArrayLike] = ..., sinks: Optional[ArrayLike] = ...,
+                     segment_ids: SegmentIds = ..., enable_gqa: bool = ...,
+                     return_lse: bool = ...,
+                     out: Optional[Float32Array] = ...) -> AttentionResult: ...
+
+def causal_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike,
+                     attn_mask: Optional[ArrayLike] = None, *, window: Window = None,
+                     scale: Optional[float] = None, softcap: Optional[float] = None,
+                     alibi_slopes: Optional[ArrayLike] = None, sinks: Optional[ArrayLike] = None,
+                     segment_ids: SegmentIds = None, enable_gqa: bool = False,
+                     return_lse: bool = False,
+                     out: Optional[Float32Array] = None) -> AttentionResult:
     """Causal scaled dot-product attention: ``is_causal=True``.
 
     Query row ``i`` attends to keys ``j <= i + S - L`` (bottom-right aligned).
@@ -736,9 +799,38 @@ def causal_attention(q, k, v, attn_mask=None, *, window=None, scale=None, softca
                  segment_ids, enable_gqa, return_lse, out)
 
 
-def sliding_window_attention(q, k, v, window_size, attn_mask=None, *, is_causal=False,
-                             scale=None, softcap=None, alibi_slopes=None, sinks=None,
-                             segment_ids=None, enable_gqa=False, return_lse=False, out=None):
+@overload
+def sliding_window_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, window_size: int,
+                             attn_mask: Optional[ArrayLike] = ..., *, is_causal: bool = ...,
+                             scale: Optional[float] = ..., softcap: Optional[float] = ...,
+                             alibi_slopes: Optional[ArrayLike] = ...,
+                             sinks: Optional[ArrayLike] = ..., segment_ids: SegmentIds = ...,
+                             enable_gqa: bool = ..., return_lse: Literal[False] = ...,
+                             out: Optional[Float32Array] = ...) -> Float32Array: ...
+@overload
+def sliding_window_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, window_size: int,
+                             attn_mask: Optional[ArrayLike] = ..., *, is_causal: bool = ...,
+                             scale: Optional[float] = ..., softcap: Optional[float] = ...,
+                             alibi_slopes: Optional[ArrayLike] = ...,
+                             sinks: Optional[ArrayLike] = ..., segment_ids: SegmentIds = ...,
+                             enable_gqa: bool = ..., return_lse: Literal[True],
+                             out: Optional[Float32Array] = ...) -> WithLse: ...
+@overload
+def sliding_window_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, window_size: int,
+                             attn_mask: Optional[ArrayLike] = ..., *, is_causal: bool = ...,
+                             scale: Optional[float] = ..., softcap: Optional[float] = ...,
+                             alibi_slopes: Optional[ArrayLike] = ...,
+                             sinks: Optional[ArrayLike] = ..., segment_ids: SegmentIds = ...,
+                             enable_gqa: bool = ..., return_lse: bool = ...,
+                             out: Optional[Float32Array] = ...) -> AttentionResult: ...
+
+def sliding_window_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, window_size: int,
+                             attn_mask: Optional[ArrayLike] = None, *, is_causal: bool = False,
+                             scale: Optional[float] = None, softcap: Optional[float] = None,
+                             alibi_slopes: Optional[ArrayLike] = None,
+                             sinks: Optional[ArrayLike] = None, segment_ids: SegmentIds = None,
+                             enable_gqa: bool = False, return_lse: bool = False,
+                             out: Optional[Float32Array] = None) -> AttentionResult:
     """Causal attention over a sliding window of `window_size` keys.
 
     Each query sees itself and the ``window_size - 1`` keys before it:
@@ -785,9 +877,11 @@ def sliding_window_attention(q, k, v, window_size, attn_mask=None, *, is_causal=
                  alibi_slopes, sinks, segment_ids, enable_gqa, return_lse, out)
 
 
-def attention_weights(q, k, attn_mask=None, *, is_causal=False, window=None, scale=None,
-                      softcap=None, alibi_slopes=None, sinks=None, segment_ids=None,
-                      enable_gqa=False):
+def attention_weights(q: ArrayLike, k: ArrayLike, attn_mask: Optional[ArrayLike] = None, *,
+                      is_causal: bool = False, window: Window = None,
+                      scale: Optional[float] = None, softcap: Optional[float] = None,
+                      alibi_slopes: Optional[ArrayLike] = None, sinks: Optional[ArrayLike] = None,
+                      segment_ids: SegmentIds = None, enable_gqa: bool = False) -> Float32Array:
     """The attention weights of :func:`scaled_dot_product_attention`.
 
     For inspection and plotting: O(L x S) memory by nature.
@@ -970,7 +1064,8 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, is_causal=False, wi
 # Merging partial results
 
 
-def merge_attention(outs, lses, *, out=None):
+def merge_attention(outs: ArrayLike, lses: ArrayLike, *,
+                    out: Optional[Float32Array] = None) -> WithLse:
     """Merge attention results computed over disjoint sets of keys.
 
     With the keys split into parts and ``o_p, lse_p =

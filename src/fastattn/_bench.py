@@ -441,7 +441,7 @@ def time_sdpa(batch, heads, L, S, D, causal=False, window=None, repeat=3,
     runs = {"fastattn": lambda: fastattn.scaled_dot_product_attention(qa, ka, va, **kw)}
     if base:
         runs["fastattn-f32"] = lambda: fastattn.scaled_dot_product_attention(q, k, v, **kw)
-    times = {name: np.inf for name in runs}
+    times: Dict[str, Optional[float]] = {name: np.inf for name in runs}
     for fn in runs.values():
         fn()  # warm up
     for _ in range(max(1, repeat)):

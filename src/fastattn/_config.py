@@ -46,7 +46,7 @@ def show_config(mode: str = ..., *, print_: Optional[bool] = ...) -> Optional[Di
 def show_config(mode: str = "stdout", *, print_: Optional[bool] = None) -> Optional[Dict[str, Any]]:
     """Show fastattn's build and runtime configuration.
 
-    Modelled on :func:`numpy.show_config`: ``mode="stdout"`` prints and returns
+    Modelled on ``numpy.show_config``: ``mode="stdout"`` prints and returns
     None (so the prompt shows it once), ``mode="dicts"`` returns the dict and
     prints nothing.
 

@@ -34,6 +34,7 @@ import numpy as np
 
 import fastattn
 from fastattn import _api  # _paged_sdpa: the kernel's in-place paged read
+from fastattn._validate import as_array
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"]
 
@@ -56,10 +57,7 @@ def _array(x, name, ndim, writeable=False):
             raise ValueError(f"{name} must be writeable: k and v are appended into it in place")
         arr = x
     else:
-        try:
-            arr = np.asarray(x)
-        except (TypeError, ValueError) as exc:
-            raise TypeError(f"{name} must be an array of real floating values: {exc}") from None
+        arr = as_array(x, name)  # torch tensors, DLPack, bfloat16: fastattn's one rule
     if not _real_float_dtype(arr.dtype):
         raise TypeError(f"{name} must have a real floating dtype (float16, bfloat16, float32 "
                         f"or float64), got {arr.dtype}")
@@ -445,7 +443,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     out : ndarray, float32, shape (total_q, H, Dv)
     softmax_lse : ndarray, float32, shape (H, total_q)
         Only with `return_attn_probs`; FlashAttention's unpadded layout (heads
-        first). :func:`fastattn.varlen_attention` gives it as (total_q, H).
+        first); ``softmax_lse.T`` is the token-major (total_q, H).
     attn_probs : ndarray, float32, shape (B, H, max_seqlen_q, max_seqlen_k)
         Only with `return_attn_probs`: sequence ``b``'s weights in the top-left
         ``(L_b, S_b)`` corner, zeros elsewhere.

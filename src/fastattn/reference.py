@@ -5,7 +5,7 @@ Same names, signatures and semantics as the computing functions of
 plain NumPy), written as the
 textbook steps (scores, scale, mask, softmax, weighted sum) so that a reader can
 check the compiled results by eye. Arguments go through the same checks as the
-compiled API (:mod:`fastattn._validate`) and are rounded to float32 like its
+compiled API (``fastattn._validate``) and are rounded to float32 like its
 inputs; the arithmetic is float64 and the results are returned as float32.
 Attention here forms the full (..., L, S) score matrix: O(L x S) memory, for
 checking, not for speed.
@@ -14,6 +14,8 @@ from typing import Optional
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
+
+from fastattn._typing import AttentionResult, Float32Array, SegmentIds, Window, WithLse
 
 from fastattn._validate import (
     as_bool,
@@ -210,10 +212,15 @@ def _attention(a, return_lse, out, inputs):
     return (result, lse.astype(np.float32)) if return_lse else result
 
 
-def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, window=None,
-                                 scale=None, softcap=None, alibi_slopes=None, sinks=None,
-                                 segment_ids=None, enable_gqa=False, return_lse=False,
-                                 out=None):
+def scaled_dot_product_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike,
+                                 attn_mask: Optional[ArrayLike] = None, *,
+                                 is_causal: bool = False, window: Window = None,
+                                 scale: Optional[float] = None, softcap: Optional[float] = None,
+                                 alibi_slopes: Optional[ArrayLike] = None,
+                                 sinks: Optional[ArrayLike] = None,
+                                 segment_ids: SegmentIds = None, enable_gqa: bool = False,
+                                 return_lse: bool = False,
+                                 out: Optional[Float32Array] = None) -> AttentionResult:
     """Reference SDPA: ``softmax(scale * q @ k^T + mask) @ v`` over the allowed
     keys, step by step in float64 (see :func:`fastattn.scaled_dot_product_attention`)."""
     a = attention_inputs(q, k, v, attn_mask, is_causal, window, scale, enable_gqa,
@@ -224,9 +231,13 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, wi
                                            ("attn_mask", attn_mask)])
 
 
-def causal_attention(q, k, v, attn_mask=None, *, window=None, scale=None, softcap=None,
-                     alibi_slopes=None, sinks=None, segment_ids=None, enable_gqa=False,
-                     return_lse=False, out=None):
+def causal_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike,
+                     attn_mask: Optional[ArrayLike] = None, *, window: Window = None,
+                     scale: Optional[float] = None, softcap: Optional[float] = None,
+                     alibi_slopes: Optional[ArrayLike] = None, sinks: Optional[ArrayLike] = None,
+                     segment_ids: SegmentIds = None, enable_gqa: bool = False,
+                     return_lse: bool = False,
+                     out: Optional[Float32Array] = None) -> AttentionResult:
     """Reference causal attention: ``is_causal=True``."""
     return scaled_dot_product_attention(
         q, k, v, attn_mask, is_causal=True, window=window, scale=scale, softcap=softcap,
@@ -234,9 +245,13 @@ def causal_attention(q, k, v, attn_mask=None, *, window=None, scale=None, softca
         enable_gqa=enable_gqa, return_lse=return_lse, out=out)
 
 
-def sliding_window_attention(q, k, v, window_size, attn_mask=None, *, is_causal=False,
-                             scale=None, softcap=None, alibi_slopes=None, sinks=None,
-                             segment_ids=None, enable_gqa=False, return_lse=False, out=None):
+def sliding_window_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, window_size: int,
+                             attn_mask: Optional[ArrayLike] = None, *, is_causal: bool = False,
+                             scale: Optional[float] = None, softcap: Optional[float] = None,
+                             alibi_slopes: Optional[ArrayLike] = None,
+                             sinks: Optional[ArrayLike] = None, segment_ids: SegmentIds = None,
+                             enable_gqa: bool = False, return_lse: bool = False,
+                             out: Optional[Float32Array] = None) -> AttentionResult:
     """Reference sliding-window attention: ``window=(window_size - 1, 0)``."""
     return scaled_dot_product_attention(
         q, k, v, attn_mask, is_causal=is_causal, window=check_window_size(window_size),
@@ -244,9 +259,11 @@ def sliding_window_attention(q, k, v, window_size, attn_mask=None, *, is_causal=
         segment_ids=segment_ids, enable_gqa=enable_gqa, return_lse=return_lse, out=out)
 
 
-def attention_weights(q, k, attn_mask=None, *, is_causal=False, window=None, scale=None,
-                      softcap=None, alibi_slopes=None, sinks=None, segment_ids=None,
-                      enable_gqa=False):
+def attention_weights(q: ArrayLike, k: ArrayLike, attn_mask: Optional[ArrayLike] = None, *,
+                      is_causal: bool = False, window: Window = None,
+                      scale: Optional[float] = None, softcap: Optional[float] = None,
+                      alibi_slopes: Optional[ArrayLike] = None, sinks: Optional[ArrayLike] = None,
+                      segment_ids: SegmentIds = None, enable_gqa: bool = False) -> Float32Array:
     """Reference attention weights, shape (..., L, S)."""
     a = attention_inputs(q, k, None, attn_mask, is_causal, window, scale, enable_gqa,
                          with_v=False, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
@@ -294,7 +311,8 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, is_causal=False, wi
 # Merging partial results
 
 
-def merge_attention(outs, lses, *, out=None):
+def merge_attention(outs: ArrayLike, lses: ArrayLike, *,
+                    out: Optional[Float32Array] = None) -> WithLse:
     """Reference merge of partial attention results over disjoint key sets:
     ``lse = log(sum_p exp(lse_p))``, ``o = sum_p exp(lse_p - lse) * o_p``, in
     float64 (see :func:`fastattn.merge_attention`)."""
