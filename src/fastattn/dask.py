@@ -21,6 +21,7 @@ Needs the optional extra: ``pip install "fastattn[dask]"`` (``dask[array]`` and
 import itertools
 import math
 import os
+from typing import Any, Dict, List, Tuple
 
 import numpy as np
 
@@ -28,6 +29,7 @@ try:
     import dask.array as da
     from dask.base import tokenize
     from dask.highlevelgraph import HighLevelGraph
+    from distributed.diagnostics.plugin import WorkerPlugin
 except ImportError as exc:  # pragma: no cover - the optional extra is missing
     raise ImportError('fastattn.dask needs Dask: pip install "fastattn[dask]"') from exc
 
@@ -43,13 +45,7 @@ _SPLIT_EVERY = 8  # partials merged per task in the tree
 # Threads on workers
 
 
-try:
-    from distributed.diagnostics.plugin import WorkerPlugin as _WorkerPlugin
-except ImportError:  # pragma: no cover - dask without distributed
-    _WorkerPlugin = object
-
-
-class FastattnThreads(_WorkerPlugin):
+class FastattnThreads(WorkerPlugin):
     """A ``distributed`` worker plugin that sets fastattn's thread count.
 
     Parameters
@@ -119,7 +115,7 @@ def set_worker_threads(client, n=None):
     if n is None:
         workers = client.scheduler_info(n_workers=-1)["workers"]
         cores = client.run(_usable_cores)
-        per_host = {}
+        per_host: Dict[str, Tuple[int, int]] = {}
         for addr, info in workers.items():
             host = info.get("host", addr)
             threads, ncores = per_host.get(host, (0, 0))
@@ -427,7 +423,7 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, wi
             raise ValueError(f"attn_mask of shape {mask.shape} does not broadcast to "
                              f"(..., L, S) = {target}")
         ops.append(_Operand("attn_mask", mask, roles(mask, ["L", "S"])))
-    sizes = dict(enumerate(batch), L=L, S=S)
+    sizes: Dict[Any, int] = {**dict(enumerate(batch)), "L": L, "S": S}
     if enable_gqa:
         sizes["h"] = sizes.pop(nb - 1)
         for op in ops:
@@ -449,12 +445,15 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, wi
     name_block = "fastattn-sdpa-block-" + token
     name_merge = "fastattn-sdpa-merge-" + token
     name_o, name_lse = "fastattn-sdpa-" + token, "fastattn-sdpa-lse-" + token
-    blocks, merges, outs, lses = {}, {}, {}, {}
+    blocks: Dict[Any, Any] = {}
+    merges: Dict[Any, Any] = {}
+    outs: Dict[Any, Any] = {}
+    lses: Dict[Any, Any] = {}
     kw = dict(scale=scale, enable_gqa=enable_gqa)
     nblocks = [len(chunks[a]) for a in axes]
     nL, nS = len(chunks["L"]), len(chunks["S"])
 
-    def key_of(op, bidx, i, j):
+    def key_of(op, bidx, i, j) -> Tuple[Any, ...]:
         idx = []
         for d, role in enumerate(op.roles):
             if len(op.arr.chunks[d]) == 1:
@@ -478,10 +477,10 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, wi
         return tuple(sl)
 
     for bidx in itertools.product(*(range(n) for n in nblocks)):
-        bshape = tuple(chunks[a][b] for a, b in zip(axes, bidx))
+        bshape: Tuple[int, ...] = tuple(int(chunks[a][b]) for a, b in zip(axes, bidx))
         for i in range(nL):
             i0, i1 = starts["L"][i], starts["L"][i + 1]
-            keys = []
+            keys: List[Any] = []
             for j in range(nS):
                 j0, j1 = starts["S"][j], starts["S"][j + 1]
                 meet = _meet(i0, i1, j0, j1, off, lo, hi)
@@ -505,9 +504,9 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, wi
             while len(keys) > 1:
                 nxt = []
                 for g in range(0, len(keys), split_every):
-                    key = (name_merge,) + bidx + (i, level, g // split_every)
-                    merges[key] = (_merge, keys[g:g + split_every])
-                    nxt.append(key)
+                    mkey = (name_merge,) + bidx + (i, level, g // split_every)
+                    merges[mkey] = (_merge, keys[g:g + split_every])
+                    nxt.append(mkey)
                 keys, level = nxt, level + 1
             if keys:
                 final = keys[0]
@@ -519,7 +518,8 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, wi
 
     inputs = [op.arr for op in ops]
     graph = HighLevelGraph.from_collections(name_block, blocks, dependencies=inputs)
-    layers, deps = dict(graph.layers), dict(graph.dependencies)
+    layers: Dict[str, Any] = dict(graph.layers)
+    deps: Dict[str, Any] = dict(graph.dependencies)
     layers[name_merge], deps[name_merge] = merges, {name_block} | {a.name for a in inputs}
     layers[name_o], deps[name_o] = outs, {name_block, name_merge}
     layers[name_lse], deps[name_lse] = lses, {name_block, name_merge}
