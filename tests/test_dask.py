@@ -268,3 +268,80 @@ def test_half_precision_kv_pass_through(rng):
                                              da.from_array(v, chunks=(1, 6, -1)),
                                              is_causal=True, return_lse=True)
     _check(res, q, k, v, is_causal=True)
+
+
+SCORE_OPTIONS = [dict(softcap=2.0), dict(alibi_slopes="slopes"), dict(sinks="sinks"),
+                 dict(segment_ids="ids"), dict(alibi_slopes="slopes", window=(6, 2)),
+                 dict(alibi_slopes="slopes", sinks="sinks", softcap=3.0, segment_ids="ids",
+                      is_causal=True)]
+
+
+@pytest.mark.parametrize("kw", SCORE_OPTIONS, ids=lambda kw: "+".join(kw))
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_score_options_pass_through(rng, kw, with_mask):
+    """softcap, ALiBi (global distances, also on blocks off the diagonal), sinks
+    (counted once per row) and segment ids, sliced per block, with GQA heads."""
+    B, Hq, Hkv, L, S, D = 2, 4, 2, 30, 41, 8
+    q, k, v = randn(rng, B, Hq, L, D), randn(rng, B, Hkv, S, D), randn(rng, B, Hkv, S, 5)
+    values = dict(slopes=rng.random(Hq).astype(np.float32),
+                  sinks=randn(rng, B, Hq),
+                  ids=(np.repeat(np.arange(3), [10, 12, 8])[None, None].repeat(B, 0),
+                       np.repeat(np.arange(3), [15, 16, 10])[None, None].repeat(B, 0)))
+    mem = {name: values.get(val, val) if isinstance(val, str) else val
+           for name, val in kw.items()}
+    lazy = dict(mem)
+    if "sinks" in lazy:
+        lazy["sinks"] = da.from_array(lazy["sinks"], chunks=(1, 1))
+    if "segment_ids" in lazy:
+        lazy["segment_ids"] = (da.from_array(lazy["segment_ids"][0], chunks=(1, 1, 6)),
+                               lazy["segment_ids"][1])
+    mask = rng.random((L, S)) < 0.8 if with_mask else None
+    res = fdask.scaled_dot_product_attention(
+        da.from_array(q, chunks=(1, 2, 7, -1)), da.from_array(k, chunks=(2, 1, 9, -1)),
+        da.from_array(v, chunks=(1, 1, 9, -1)),
+        None if mask is None else da.from_array(mask, chunks=(5, 11)),
+        enable_gqa=True, return_lse=True, **lazy)
+    _check(res, q, k, v, mask, enable_gqa=True, **mem)
+
+
+def test_sinks_on_rows_without_keys(rng):
+    """A query block with no key block still gets its sink: o = 0, lse = sink."""
+    q, k, v = randn(rng, 4, 16, 4), randn(rng, 4, 4, 4), randn(rng, 4, 4, 2)
+    sinks = np.array([0.5, -np.inf, np.nan, np.inf], np.float32)
+    res = fdask.scaled_dot_product_attention(da.from_array(q, chunks=(1, 4, -1)), k, v,
+                                             window=(0, 0), sinks=sinks, return_lse=True)
+    o, lse = dask.compute(*res, scheduler="sync")
+    want, want_lse = fastattn.scaled_dot_product_attention(q, k, v, window=(0, 0), sinks=sinks,
+                                                           return_lse=True)
+    np.testing.assert_allclose(o, want, **TOL)
+    np.testing.assert_allclose(lse, want_lse, **TOL)
+    assert (o[:2, :12] == 0).all() and (lse[0, :12] == np.float32(0.5)).all()
+    assert (lse[1, :12] == -np.inf).all() and np.isnan(lse[2]).all() and np.isnan(o[2]).all()
+    assert (lse[3] == np.inf).all() and (o[3] == 0).all()  # an infinite sink takes all weight
+
+
+def test_segment_ids_one_array(rng):
+    ids = np.repeat(np.arange(4), [5, 9, 1, 9])
+    q, k, v = randn(rng, 24, 8), randn(rng, 24, 8), randn(rng, 24, 8)
+    res = fdask.scaled_dot_product_attention(da.from_array(q, chunks=(7, -1)),
+                                             da.from_array(k, chunks=(5, -1)), v,
+                                             is_causal=True, segment_ids=ids, return_lse=True)
+    _check(res, q, k, v, is_causal=True, segment_ids=ids)
+
+
+def test_bad_score_options():
+    q = k = v = da.zeros((2, 8, 4), chunks=(1, 4, -1), dtype=np.float32)
+    sdpa = fdask.scaled_dot_product_attention
+    with pytest.raises(ValueError, match="softcap"):
+        sdpa(q, k, v, softcap=-1.0)
+    with pytest.raises(ValueError, match=r"alibi_slopes of shape \(3,\) does not broadcast"):
+        sdpa(q, k, v, alibi_slopes=np.ones(3))
+    with pytest.raises(TypeError, match="sinks must have a real floating dtype"):
+        sdpa(q, k, v, sinks=np.ones(2, np.int32))
+    with pytest.raises(TypeError, match="q_ids must have an integer dtype"):
+        sdpa(q, k, v, segment_ids=np.zeros((2, 8)))
+    with pytest.raises(ValueError, match="does not broadcast"):
+        sdpa(q, k, v, segment_ids=(np.zeros((2, 8), int), np.zeros((2, 7), int)))
+    with pytest.raises(ValueError, match="alibi_slopes must be finite"):
+        sdpa(q, k[:, :4], v[:, :4], alibi_slopes=np.array([1.0, np.inf])).compute(
+            scheduler="sync")

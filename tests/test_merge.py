@@ -276,3 +276,23 @@ def test_many_partials_same_bits_as_few(rng):
     ro, rlse = reference.merge_attention(outs, lses)
     np.testing.assert_allclose(o, ro, **TOL)
     np.testing.assert_allclose(lse, rlse, **TOL)
+
+
+@pytest.mark.parametrize("kw", [dict(sinks="sinks"), dict(softcap=1.5),
+                                dict(sinks="sinks", softcap=2.0, is_causal=True)],
+                         ids=["sinks", "softcap", "sinks_softcap_causal"])
+def test_merged_partition_with_score_options(rng, kw):
+    """Sinks count once: given to one part only (here the first), the merge
+    equals attention over all keys with the sinks; softcap is per score."""
+    B, H, L, S, D = 2, 3, 7, 30, 8
+    q, k, v = randn(rng, B, H, L, D), randn(rng, B, H, S, D), randn(rng, B, H, S, 4)
+    kw = {name: randn(rng, B, H) if val == "sinks" else val for name, val in kw.items()}
+    whole, whole_lse = fastattn.scaled_dot_product_attention(q, k, v, return_lse=True, **kw)
+    sinks = kw.pop("sinks", None)
+    outs, lses = _split_sdpa(q, k, v, [0, 11, 12, S], **kw)
+    if sinks is not None:  # the first part again, now with the sinks
+        o0, l0 = _split_sdpa(q, k, v, [0, 11], **kw, sinks=sinks)
+        outs[0], lses[0] = o0[0], l0[0]
+    o, lse = fastattn.merge_attention(outs, lses)
+    np.testing.assert_allclose(o, whole, **TOL)
+    np.testing.assert_allclose(lse, whole_lse, **TOL)

@@ -34,7 +34,7 @@ except ImportError as exc:  # pragma: no cover - the optional extra is missing
     raise ImportError('fastattn.dask needs Dask: pip install "fastattn[dask]"') from exc
 
 import fastattn
-from fastattn._validate import as_bool, check_scale, check_window
+from fastattn._validate import as_bool, check_scale, check_softcap, check_window
 
 __all__ = ["scaled_dot_product_attention", "set_worker_threads", "FastattnThreads"]
 
@@ -130,17 +130,21 @@ def set_worker_threads(client, n=None):
 # Arguments: dtypes, shapes, chunks
 
 
-def _as_dask(x, name, mask=False):
-    """x as a dask array (a NumPy array becomes one block), dtype checked."""
+def _as_dask(x, name, kind="float"):
+    """x as a dask array (a NumPy array becomes one block), its dtype checked:
+    kind "float" (real floating), "mask" (bool or real floating) or "int"."""
     if not isinstance(x, da.Array):
         x = np.asarray(x)
         x = da.from_array(x, chunks=x.shape or (), name=False) if x.size else da.from_array(x)
-    kind = x.dtype.kind
-    if mask:
-        if x.dtype != np.bool_ and kind != "f":
+    dk = x.dtype.kind
+    if kind == "mask":
+        if x.dtype != np.bool_ and dk != "f":
             raise TypeError(f"attn_mask must be a bool or real floating array, got dtype "
                             f"{x.dtype}")
-    elif kind != "f" and x.dtype.name != "bfloat16":
+    elif kind == "int":
+        if dk not in "iu":
+            raise TypeError(f"{name} must have an integer dtype, got {x.dtype}")
+    elif dk != "f" and x.dtype.name != "bfloat16":
         raise TypeError(f"{name} must have a real floating dtype (float16, float32 or "
                         f"float64), got {x.dtype}")
     if any(math.isnan(c) for cs in x.chunks for c in cs):
@@ -148,6 +152,16 @@ def _as_dask(x, name, mask=False):
                          f"cannot be aligned with the other arguments; call "
                          f"{name}.compute_chunk_sizes() first")
     return x
+
+
+def _broadcasts_to(arr, target, name, what):
+    try:
+        ok = np.broadcast_shapes(arr.shape, target) == tuple(target)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"{name} of shape {arr.shape} does not broadcast to {what} = "
+                         f"{tuple(target)}")
 
 
 def _broadcast(shapes, what):
@@ -221,19 +235,64 @@ class _Static:
         self.__dict__.update(fields)
 
 
-def _block(q, k, v, mask, c):
+def _alibi_bias(slopes, rows, cols, shift):
+    """-slope * |p_i - j| for the rows and keys of a block, p_i - j = r - c + shift
+    (r, c local): ALiBi as a float mask, for a block whose own alignment is not
+    the global one."""
+    slopes = np.asarray(slopes, np.float32)
+    if not np.isfinite(slopes).all():
+        bad = slopes[~np.isfinite(slopes)].reshape(-1)[0]
+        raise ValueError(f"alibi_slopes must be finite (in float32), got {float(bad)!r}")
+    dist = np.abs(np.arange(rows)[:, None] - np.arange(cols)[None, :] + shift)
+    return -(slopes[..., None, None] * dist.astype(np.float32))
+
+
+def _block(c, *arrays):
     """One (query block, key block) pair: the in-memory attention on the rows
     and keys that can meet, with return_lse; rows cut off get (0, -inf)."""
-    q, k, v = q[c.q_sl], k[c.kv_sl], v[c.kv_sl]
-    if mask is not None:
-        mask = mask[c.mask_sl]
-    o, lse = fastattn.scaled_dot_product_attention(q, k, v, mask, return_lse=True, **c.kw)
+    a = {name: x[sl] for name, x, sl in zip(c.names, arrays, c.slices)}
+    kw = dict(c.kw)
+    mask = a.get("attn_mask")
+    if "q_ids" in a:
+        kw["segment_ids"] = (a["q_ids"], a["kv_ids"])
+    if "alibi_slopes" in a:
+        if c.shift_ok:  # the block's own alignment is the global one
+            kw["alibi_slopes"] = a["alibi_slopes"]
+        else:
+            bias = _alibi_bias(a["alibi_slopes"], a["q"].shape[-2], a["k"].shape[-2], c.shift)
+            if mask is None:
+                mask = bias
+            elif mask.dtype == np.bool_:
+                mask = np.where(mask, bias, np.float32(-np.inf))
+            else:
+                mask = mask.astype(np.float32) + bias
+    o, lse = fastattn.scaled_dot_product_attention(a["q"], a["k"], a["v"], mask,
+                                                   return_lse=True, **kw)
     before, after = c.pad
     if before or after:
         o = np.pad(o, [(0, 0)] * (o.ndim - 2) + [(before, after), (0, 0)])
         lse = np.pad(lse, [(0, 0)] * (lse.ndim - 1) + [(before, after)],
                      constant_values=-np.inf)
     return o, lse
+
+
+def _add_sink(part, c, sinks):
+    """A query block's merged partial with its sinks added: a virtual key of
+    score `sink` and value 0 in every row's softmax (once per row), with the
+    in-memory rules (NaN sink: NaN row; +inf: o = 0, lse = +inf; -inf: none)."""
+    o, lse = part
+    sink = np.broadcast_to(np.broadcast_to(np.asarray(sinks, np.float32), c.shape[:-2])[..., None],
+                           lse.shape).astype(np.float64)
+    lse64 = lse.astype(np.float64)
+    with np.errstate(all="ignore"):
+        new = np.logaddexp(lse64, sink)
+        scale = np.where(lse64 == -np.inf, 0.0, np.exp(lse64 - new))
+        o = (o * scale[..., None].astype(np.float32)).astype(np.float32)
+    bad_row = np.isnan(lse64) | (lse64 == np.inf)  # the partial's own NaN row stays
+    o = np.where((bad_row | np.isnan(sink))[..., None], np.float32(np.nan), o)
+    o = np.where(((sink == np.inf) & ~bad_row & ~np.isnan(sink))[..., None], np.float32(0), o)
+    new = np.where(bad_row, lse64, np.where(np.isnan(sink), np.nan, new))
+    return np.ascontiguousarray(o, np.float32), new.astype(np.float32)
 
 
 def _merge(parts):
@@ -270,7 +329,8 @@ def _meet(i0, i1, j0, j1, off, left, right):
 
 
 def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, window=None,
-                                 scale=None, enable_gqa=False, return_lse=False, out=None,
+                                 scale=None, softcap=None, alibi_slopes=None, sinks=None,
+                                 segment_ids=None, enable_gqa=False, return_lse=False, out=None,
                                  split_every=None):
     """Scaled dot-product attention over Dask arrays, blockwise and exact.
 
@@ -294,10 +354,18 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, wi
     attn_mask : dask.array.Array or array_like of bool or real floating dtype, optional
         Broadcastable to (..., L, S); chunked along with q (L) and k (S); an
         axis of length 1 broadcasts without being expanded.
-    is_causal, window, scale, enable_gqa, return_lse
+    is_causal, window, scale, softcap, enable_gqa, return_lse
         As in :func:`fastattn.scaled_dot_product_attention` (bottom-right
         alignment over the whole L and S: query row ``i`` sits at key position
         ``i + S - L``).
+    alibi_slopes, sinks : dask.array.Array or array_like, optional
+        One value per query head, broadcasting to ``q.shape[:-2]``, as in the
+        in-memory function; chunked along with the batch and head axes. The sinks
+        are added to each query block's merged result (a virtual key of score
+        `sink` and value 0), so they count once per row.
+    segment_ids : (q_ids, kv_ids), or one integer array when L == S, optional
+        As in the in-memory function: integer dask or NumPy arrays broadcasting
+        to (..., L) and (..., S), chunked along with q (L) and k (S).
     out : None
         Not supported (the result is lazy); store it with ``dask.array.store``
         or compute it.
@@ -333,6 +401,11 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, wi
     and key is not in the graph. Each task holds its blocks of q, k, v and
     the mask and an output block: worker memory follows the chunk sizes, never
     L x S.
+
+    ALiBi's distance ``|p_i - j|`` is global too: a task whose blocks' own
+    alignment differs from the global one (blocks off the diagonal) gets the
+    ALiBi term as a float mask of (heads of its block, its query rows, its
+    keys): with `alibi_slopes`, keep the blocks' heads x rows x keys modest.
 
     Each task uses :func:`fastattn.get_num_threads` threads of the process it
     runs in: in ``distributed`` worker processes that is 1 unless
@@ -383,6 +456,7 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, wi
     return_lse = as_bool(return_lse, "return_lse")
     left, right = check_window(window)
     scale = check_scale(scale, D)
+    check_softcap(softcap)
 
     group = 1
     if enable_gqa:
@@ -413,7 +487,7 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, wi
            _Operand("k", k, roles(k, ["S", None], "kv" if enable_gqa else None)),
            _Operand("v", v, roles(v, ["S", None], "kv" if enable_gqa else None))]
     if attn_mask is not None:
-        mask = _as_dask(attn_mask, "attn_mask", mask=True)
+        mask = _as_dask(attn_mask, "attn_mask", "mask")
         target = batch + (L, S)
         try:
             ok = mask.ndim >= 2 and np.broadcast_shapes(mask.shape, target) == target
@@ -423,6 +497,28 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, wi
             raise ValueError(f"attn_mask of shape {mask.shape} does not broadcast to "
                              f"(..., L, S) = {target}")
         ops.append(_Operand("attn_mask", mask, roles(mask, ["L", "S"])))
+    for value, name in ((alibi_slopes, "alibi_slopes"), (sinks, "sinks")):
+        if value is not None:  # one value per query head
+            arr = _as_dask(value, name)
+            _broadcasts_to(arr, q.shape[:-2], name, "q.shape[:-2]")
+            ops.append(_Operand(name, arr, roles(arr, [])))
+    if segment_ids is not None:
+        if isinstance(segment_ids, tuple) or (isinstance(segment_ids, list)
+                                              and len(segment_ids) == 2):
+            if len(segment_ids) != 2:
+                raise ValueError(f"segment_ids must be (q_ids, kv_ids) or one array, got a "
+                                 f"sequence of {len(segment_ids)}")
+            q_ids, kv_ids = segment_ids
+        elif L == S:
+            q_ids = kv_ids = segment_ids
+        else:
+            raise ValueError(f"segment_ids must be a pair (q_ids, kv_ids) when L != S "
+                             f"(L={L}, S={S})")
+        q_ids, kv_ids = _as_dask(q_ids, "q_ids", "int"), _as_dask(kv_ids, "kv_ids", "int")
+        _broadcasts_to(q_ids, batch + (L,), "segment_ids' q_ids", "(..., L)")
+        _broadcasts_to(kv_ids, batch + (S,), "segment_ids' kv_ids", "(..., S)")
+        ops.append(_Operand("q_ids", q_ids, roles(q_ids, ["L"])))
+        ops.append(_Operand("kv_ids", kv_ids, roles(kv_ids, ["S"])))
     sizes: Dict[Any, int] = {**dict(enumerate(batch)), "L": L, "S": S}
     if enable_gqa:
         sizes["h"] = sizes.pop(nb - 1)
@@ -440,8 +536,8 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, wi
     hi = None if hi is None else min(hi, L + S)
     off = S - L
 
-    token = tokenize(*(op.arr.name for op in ops), is_causal, lo, hi, scale, enable_gqa,
-                     split_every)
+    token = tokenize(*(op.arr.name for op in ops), is_causal, lo, hi, scale, softcap,
+                     enable_gqa, split_every)
     name_block = "fastattn-sdpa-block-" + token
     name_merge = "fastattn-sdpa-merge-" + token
     name_o, name_lse = "fastattn-sdpa-" + token, "fastattn-sdpa-lse-" + token
@@ -449,7 +545,9 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, wi
     merges: Dict[Any, Any] = {}
     outs: Dict[Any, Any] = {}
     lses: Dict[Any, Any] = {}
-    kw = dict(scale=scale, enable_gqa=enable_gqa)
+    kw = dict(scale=scale, softcap=softcap, enable_gqa=enable_gqa)
+    block_ops = [op for op in ops if op.name != "sinks"]
+    sink_op = next((op for op in ops if op.name == "sinks"), None)
     nblocks = [len(chunks[a]) for a in axes]
     nL, nS = len(chunks["L"]), len(chunks["S"])
 
@@ -490,15 +588,13 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, wi
                 delta = ib + off - jb  # global p_i - j0 = local p_i + delta
                 win = (None if lo is None else lo - delta, None if hi is None else hi + delta)
                 rows, cols = slice(ia - i0, ib - i0), slice(ja - j0, jb - j0)
-                args = [key_of(op, bidx, i, j) for op in ops[:3]]
-                mask_key, mask_sl = None, None
-                if len(ops) > 3:
-                    mask_key, mask_sl = key_of(ops[3], bidx, i, j), cut(ops[3], rows, cols)
                 key = (name_block,) + bidx + (i, j)
-                blocks[key] = (_block, *args, mask_key, _Static(
-                    q_sl=cut(ops[0], rows, cols), kv_sl=cut(ops[1], rows, cols), mask_sl=mask_sl,
-                    pad=(ia - i0, i1 - ib),
-                    kw=dict(kw, window=None if win == (None, None) else win)))
+                blocks[key] = (_block, _Static(
+                    names=[op.name for op in block_ops],
+                    slices=[cut(op, rows, cols) for op in block_ops],
+                    pad=(ia - i0, i1 - ib), shift=ia + off - ja, shift_ok=delta == 0,
+                    kw=dict(kw, window=None if win == (None, None) else win)),
+                    *[key_of(op, bidx, i, j) for op in block_ops])
                 keys.append(key)
             level = 0
             while len(keys) > 1:
@@ -513,6 +609,11 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, wi
             else:
                 final = (name_merge,) + bidx + (i, "empty")
                 merges[final] = (_empty, _Static(shape=bshape + (chunks["L"][i], Dv)))
+            if sink_op is not None:  # the sinks, once per row, after the merge
+                key = (name_merge,) + bidx + (i, "sinks")
+                merges[key] = (_add_sink, final, _Static(shape=bshape + (chunks["L"][i], Dv)),
+                               key_of(sink_op, bidx, i, 0))
+                final = key
             outs[(name_o,) + bidx + (i, 0)] = (_pick, final, 0)
             lses[(name_lse,) + bidx + (i,)] = (_pick, final, 1)
 
