@@ -446,6 +446,25 @@ def chat_prompt(model, message, *, system=None):
 # ------------------------------------------------------------------ KV cache
 
 
+def kv_dtype_of(name):
+    """float32, float16 or bfloat16 as a NumPy dtype (``"bfloat16"`` needs ml_dtypes).
+
+    Raises
+    ------
+    ValueError
+        Any other dtype.
+    """
+    if isinstance(name, str) and name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    dtype = np.dtype(name)
+    if dtype not in (np.float32, np.float16) and dtype.name != "bfloat16":
+        raise ValueError(f"kv_dtype must be float32, float16 or bfloat16, got {dtype}")
+    return dtype
+
+
+
 class KVCache:
     """Keys and values of every layer, preallocated, filled in place.
 
@@ -460,6 +479,7 @@ class KVCache:
         reallocates to ``min(max(2 capacity, needed), max_length)`` and copies
         (the only reallocation); beyond `max_length` raises.
     dtype : numpy dtype, default float32
+        float32, float16 or bfloat16 (see :func:`kv_dtype_of`).
 
     Attributes
     ----------
@@ -477,7 +497,7 @@ class KVCache:
         capacity = int(capacity)
         if not 1 <= capacity <= self.max_length:
             raise ValueError(f"capacity must be in [1, {self.max_length}], got {capacity}")
-        self.dtype = np.dtype(dtype)
+        self.dtype = kv_dtype_of(dtype)
         shape = (config.n_kv_heads, capacity, config.head_dim)
         self.k = [np.zeros(shape, self.dtype) for _ in range(config.n_layers)]
         self.v = [np.zeros(shape, self.dtype) for _ in range(config.n_layers)]
@@ -746,8 +766,13 @@ def generate(model, ids, max_new_tokens, *, temperature=0.0, top_p=1.0, seed=Non
         as Hugging Face's ``generate`` does.
     stream : callable, optional
         Called with each new token id as soon as it is chosen.
-    kv_dtype : numpy dtype, default float32
-        Element type of the KV cache.
+    kv_dtype : numpy dtype or str, default float32
+        Element type of the KV cache: float32, float16 or bfloat16 (the
+        ``ml_dtypes`` type, also spelt ``"bfloat16"``). fastattn reads half
+        precision keys and values as stored and converts them exactly inside
+        its kernels, so a float16 cache halves the cache's memory and what
+        each decoding step reads from it; the keys and values are rounded to
+        it once, when written.
     timings : Timings, optional
         Filled with the prefill and decode times and their split.
     on_attention : callable, optional
@@ -795,7 +820,7 @@ def generate(model, ids, max_new_tokens, *, temperature=0.0, top_p=1.0, seed=Non
     out = list(prompt)
     if max_new_tokens == 0:
         return out
-    cache = KVCache(c, total, dtype=kv_dtype)
+    cache = KVCache(c, total, dtype=kv_dtype_of(kv_dtype))
     timer = Timings() if timings is None else timings
 
     timer.phase = "prefill"
@@ -935,6 +960,10 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=None, help="sampling seed")
     parser.add_argument("--threads", type=int, default=None,
                         help="threads of fastattn and of NumPy's BLAS (default: theirs)")
+    parser.add_argument("--kv-dtype", choices=("float32", "float16", "bfloat16"),
+                        default="float32",
+                        help="element type of the KV cache (default: %(default)s; bfloat16 "
+                             "needs ml_dtypes)")
     parser.add_argument("--model", default=None,
                         help=f"GGUF file (default: the {MODEL_PACKAGE} package's {GGUF_FILE})")
     parser.add_argument("--attention-png", nargs="?", metavar="PATH", default=None,
@@ -978,7 +1007,7 @@ def main(argv=None):
         try:
             out = generate(model, ids, args.max_new_tokens, temperature=args.temperature,
                            top_p=args.top_p, seed=args.seed, stream=_Streamer(model),
-                           timings=timings, on_attention=recorder)
+                           kv_dtype=args.kv_dtype, timings=timings, on_attention=recorder)
         except ValueError as exc:
             print(f"\nerror: {exc}", file=sys.stderr)
             return 2

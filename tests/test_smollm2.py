@@ -298,6 +298,41 @@ def test_generate_writes_into_one_cache_buffer_per_layer(tiny):
     assert sorted(seen) == [0, 1] and all(len(s) == 1 for s in seen.values())
 
 
+@pytest.mark.parametrize("kv_dtype", ["float16", "bfloat16"])
+def test_half_precision_cache(tiny, kv_dtype):
+    """Keys and values rounded once into the cache; the attention reads them as stored."""
+    if kv_dtype == "bfloat16":
+        pytest.importorskip("ml_dtypes", reason="ml_dtypes is not installed")
+    ids = smollm2.encode(tiny, "the theater in the air")
+    half = smollm2.KVCache(tiny.config, len(ids) + 1, dtype=kv_dtype)
+    assert half.k[0].dtype.name == kv_dtype
+    logits = smollm2.forward(tiny, ids, half, all_logits=True)
+    # the same computation with the cache's rounding applied to float32 keys and values
+    def rounded(q, k, v):
+        dtype = half.dtype
+        return fastattn.scaled_dot_product_attention(
+            q, k.astype(dtype).astype(np.float32), v.astype(dtype).astype(np.float32),
+            is_causal=True, enable_gqa=True)
+
+    np.testing.assert_allclose(logits, full_logits(tiny, ids, attention=rounded),
+                               rtol=1e-5, atol=2e-5)
+    f32 = full_logits(tiny, ids)
+    tol = 2e-2 if kv_dtype == "bfloat16" else 3e-3
+    np.testing.assert_allclose(logits, f32, atol=tol)
+    assert not np.array_equal(logits, f32)
+    step = smollm2.forward(tiny, [7], half)
+    np.testing.assert_allclose(step[0], smollm2.forward(
+        tiny, ids + [7], smollm2.KVCache(tiny.config, len(ids) + 1, dtype=kv_dtype),
+        all_logits=True)[-1], rtol=1e-4, atol=1e-4)
+    out = smollm2.generate(tiny, ids, 3, kv_dtype=kv_dtype, stop_at_eos=False)
+    assert len(out) == len(ids) + 3
+
+
+def test_cache_dtype_must_be_a_float(tiny):
+    with pytest.raises(ValueError, match="kv_dtype must be float32, float16 or bfloat16"):
+        smollm2.KVCache(tiny.config, 4, dtype=np.float64)
+
+
 def test_cache_beyond_its_maximum_raises(tiny):
     cache = smollm2.KVCache(tiny.config, 4, max_length=6)
     smollm2.forward(tiny, [3, 4, 5, 6], cache)
