@@ -214,6 +214,24 @@ def test_varlen_matches_model(causal, window_size):
         assert np.array_equal(o[qs], alone[0])
 
 
+@pytest.mark.parametrize("alibi_shape", ["H", "BH"])
+def test_varlen_softcap_alibi(alibi_shape):
+    rng = np.random.default_rng(24)
+    lens_q, lens_k = [2, 4, 1], [6, 4, 9]
+    q, k, v, cu_q, cu_k = _packed(rng, lens_q, lens_k)
+    slopes = rng.random(4) * 0.4 if alibi_shape == "H" else rng.random((3, 4)) * 0.4
+    o, lse, probs = flash_attn_varlen_func(q * 3, k, v, cu_q, cu_k, 4, 9, causal=True,
+                                           softcap=2.0, alibi_slopes=slopes,
+                                           return_attn_probs=True)
+    for b in range(3):
+        qs, ks = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        mo, mlse, mw = model(q[None, qs] * 3, k[None, ks], v[None, ks], causal=True, softcap=2.0,
+                             alibi_slopes=slopes if slopes.ndim == 1 else slopes[b])
+        np.testing.assert_allclose(o[qs], mo[0], **TOL)
+        np.testing.assert_allclose(lse[:, qs], mlse[0], **TOL)
+        np.testing.assert_allclose(probs[b, :, :lens_q[b], :lens_k[b]], mw[0], **TOL)
+
+
 @pytest.mark.parametrize("block_size", [1, 4, 5])
 def test_varlen_paged_equals_contiguous(block_size):
     rng = np.random.default_rng(8)

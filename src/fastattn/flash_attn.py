@@ -461,9 +461,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 
     Notes
     -----
-    Each sequence's rows are those of :func:`flash_attn_func` on that sequence
-    alone. The work is ``sum_b L_b S_b``, not that of the padded batch. A paged
-    ``k``/``v`` is gathered (copied) per call.
+    One call of :func:`fastattn.varlen_attention`: each sequence's rows are
+    bitwise those of :func:`flash_attn_func` on that sequence alone, and the
+    work is ``sum_b L_b S_b``, not that of the padded batch. A paged ``k``/``v``
+    is gathered (copied) per call.
 
     Examples
     --------
@@ -530,21 +531,19 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            or [v[:0, 0]])
         cu_k = np.concatenate([[0], np.cumsum(len_k)])
     out = _check_out(out, (total_q, H, Dv), [("q", q), ("k", k), ("v", v)])
-    o = out if out is not None else np.empty((total_q, H, Dv), np.float32)
-    lse = np.empty((H, total_q), np.float32)
-    probs = np.zeros((B, H, max_seqlen_q, max_seqlen_k), np.float32) if return_attn_probs else None
+    kw = _core_options(causal, window, scale, cap, alibi)
+    o, lse = fastattn.varlen_attention(q, k, v, cu_q, cu_k, return_lse=True, out=out, **kw)
+    lse = np.ascontiguousarray(lse.T)  # FlashAttention's (H, total_q)
+    if not return_attn_probs:
+        return o
+    probs = np.zeros((B, H, max_seqlen_q, max_seqlen_k), np.float32)
     for b in range(B):
         q0, q1, k0, k1 = cu_q[b], cu_q[b + 1], cu_k[b], cu_k[b + 1]
-        kw = _core_options(causal, window, scale, cap, None if alibi is None
-                           else alibi if alibi.ndim == 1 else alibi[b])
-        qb, kb, vb = _bhld(q[q0:q1]), _bhld(k[k0:k1]), _bhld(v[k0:k1])
-        ob, lse[:, q0:q1] = fastattn.scaled_dot_product_attention(
-            qb, kb, vb, enable_gqa=True, return_lse=True, **kw)
-        o[q0:q1] = ob.swapaxes(0, 1)
-        if return_attn_probs:
-            probs[b, :, :q1 - q0, :k1 - k0] = fastattn.attention_weights(
-                qb, kb, enable_gqa=True, **kw)
-    return (o, lse, probs) if return_attn_probs else o
+        if alibi is not None:
+            kw["alibi_slopes"] = alibi if alibi.ndim == 1 else alibi[b]
+        probs[b, :, :q1 - q0, :k1 - k0] = fastattn.attention_weights(
+            _bhld(q[q0:q1]), _bhld(k[k0:k1]), enable_gqa=True, **kw)
+    return o, lse, probs
 
 
 # ----------------------------------------------------------------------------
