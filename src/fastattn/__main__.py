@@ -19,6 +19,7 @@ from fastattn._bench import (
     KV_DTYPES,
     LAYOUTS,
     MODEL_CASES,
+    options_grid,
     grid,
     models,
     print_times,
@@ -129,6 +130,10 @@ def bench(args):
     shape_given = any(getattr(args, name) is not None for name in
                       ("batch", "heads", "kv_heads", "L", "S", "D", "window", "kv_dtype",
                        "layout")) or args.causal
+    if args.options:
+        options_grid(repeat=args.repeat, L=args.L or 4096, heads=args.heads or 8,
+                     D=args.D or 128, threads=args.threads or 2)
+        return 0
     if args.models:
         if shape_given:
             print("bench: --models takes no shape options", file=sys.stderr)
@@ -199,6 +204,10 @@ def main(argv=None):
                     "fastattn.scaled_dot_product_attention on q (B, H, L, D), k and v "
                     "(B, HKV, S, D) against PyTorch (when installed) and optionally the "
                     "reference.")
+    b.add_argument("--options", action="store_true",
+                   help="softcap, ALiBi and sinks against none, segment ids against dense "
+                        "masks, varlen_attention against separate calls and padding "
+                        "(causal, -H/-L/-D, 2 threads by default)")
     b.add_argument("--models", action="store_true",
                    help="time the grid of model shapes (encoders, ViT, Whisper, LLM decode and "
                         "prefill, a tiny call) against the reference, PyTorch and ONNX Runtime "

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -610,4 +610,56 @@ def grid(repeat=3, memory=True, out=None):
     print(f"{'target':<{width}}  {'measured':<34}{'goal':<10}met", file=out)
     for case, measured, goal, met in rows:
         print(f"{case:<{width}}  {measured:<34}{goal:<10}{met}", file=out)
+    return rows
+
+
+def options_grid(repeat=3, L=4096, heads=8, D=128, threads=2, out=None):
+    """Causal attention with softcap, ALiBi and sinks against none; 16 packed
+    documents by segment ids against dense bool masks; varlen_attention over
+    16 sequences of 16..L/4 tokens against separate calls and the padded
+    batch. Prints (seconds, ratio) rows; returns them as a list."""
+    out = sys.stdout if out is None else out
+    fastattn.set_num_threads(threads)
+    q, k, v = (_randn((1, heads, L, D), s) for s in range(3))
+    base = best_time(lambda: fastattn.causal_attention(q, k, v), repeat)
+    rows = [("causal, no option", base, 1.0)]
+    options: List[Tuple[str, Dict[str, Any]]] = [
+        ("softcap=30", {"softcap": 30.0}),
+        ("alibi_slopes", {"alibi_slopes": 2.0 ** -np.arange(1, heads + 1)}),
+        ("sinks", {"sinks": np.zeros(heads)})]
+    for name, kw in options:
+        t = best_time(lambda: fastattn.causal_attention(q, k, v, **kw), repeat)
+        rows.append((name, t, t / base))
+    doc = max(1, L // 16)
+    ids = np.arange(L) // doc
+    dense = ids[:, None] == ids[None, :]
+    seg = best_time(lambda: fastattn.causal_attention(q, k, v, segment_ids=ids), repeat)
+    rows.append((f"segment_ids, documents of {doc}", seg, 1.0))
+    t = best_time(lambda: fastattn.causal_attention(q, k, v, dense), 1)
+    rows.append(("dense document mask + is_causal (x slower)", t, t / seg))
+    both = dense & np.tri(L, dtype=bool)
+    t = best_time(lambda: fastattn.scaled_dot_product_attention(q, k, v, both), 1)
+    rows.append(("one dense document-and-causal mask (x slower)", t, t / seg))
+    lens = np.round(np.geomspace(16, max(16, L // 4), 16)).astype(int)
+    cu = np.concatenate([[0], np.cumsum(lens)])
+    qp, kp, vp = (_randn((int(cu[-1]), heads, D), s) for s in range(3))
+    tv = best_time(lambda: fastattn.varlen_attention(qp, kp, vp, cu, cu, is_causal=True), repeat)
+    rows.append((f"varlen_attention, 16 sequences of {lens[0]}..{lens[-1]}", tv, 1.0))
+
+    def separate():
+        for b in range(16):
+            r = slice(cu[b], cu[b + 1])
+            fastattn.causal_attention(qp[r].swapaxes(0, 1), kp[r].swapaxes(0, 1),
+                                      vp[r].swapaxes(0, 1))
+    t = best_time(separate, repeat)
+    rows.append(("separate calls (x slower)", t, t / tv))
+    pad = _randn((16, heads, int(lens[-1]), D), 3)
+    t = best_time(lambda: fastattn.causal_attention(pad, pad, pad), repeat)
+    ratio = 16 * float(lens[-1]) ** 2 / float(np.sum(lens.astype(float) ** 2))
+    rows.append((f"padded batch (x slower; padding ratio {ratio:.1f}x)", t, t / tv))
+    fastattn.set_num_threads(None)
+    print(f"score options, document masks, packed batches: H={heads} L=S={L} D={D}, "
+          f"{threads} threads", file=out)
+    for name, t, r in rows:
+        print(f"  {name:<52} {t * 1e3:10.1f} ms  {r:6.2f}x", file=out)
     return rows
