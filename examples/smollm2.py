@@ -904,8 +904,9 @@ def plot_attention(model, ids, recorder, path, *, dpi=110, title=None):
 
     m = recorder.matrix()
     steps, n = m.shape[1], m.shape[2]
-    labels = [decode(model, [i]).replace("\n", "\\n") for i in ids[:n + 1]]
-    keys, queries = labels[:n], labels[n - steps + 1:n + 1]
+    labels = [decode(model, [i]).replace("\n", "\\n") for i in ids[:n]]
+    # step t feeds the token at position n - steps + t; the last key is that token itself
+    keys, queries = labels, labels[n - steps:]
     fig, axes = plt.subplots(1, len(recorder.heads), figsize=(4.2 * len(recorder.heads) + 1, 6),
                              sharey=True, layout="constrained", squeeze=False)
     for ax, h, w in zip(axes[0], recorder.heads, m):
@@ -916,11 +917,11 @@ def plot_attention(model, ids, recorder, path, *, dpi=110, title=None):
                      f"{h // (model.config.n_heads // model.config.n_kv_heads)})", fontsize=10)
         ax.set_xlabel("earlier token (key)")
     axes[0][0].set_yticks(range(steps), queries, fontsize=6)
-    axes[0][0].set_ylabel("query: the token being fed in, predicting the next")
+    axes[0][0].set_ylabel("query: the token fed in at each decoding step")
     cb = fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8)
     cb.set_label("attention weight (square-root colour scale)")
     cb.set_ticks(np.sqrt([0, 0.05, 0.2, 0.5, 1]), labels=["0", "0.05", "0.2", "0.5", "1"])
-    fig.suptitle(title or f"{model.name}: what each decoded token attends to", fontsize=11)
+    fig.suptitle(title or f"{model.path.stem}: what each decoded token attends to", fontsize=11)
     fig.savefig(path, dpi=dpi)
     plt.close(fig)
 

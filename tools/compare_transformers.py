@@ -238,6 +238,8 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=2, help="threads for both in --bench")
     parser.add_argument("--rounds", type=int, default=2, help="alternating subprocess rounds")
     parser.add_argument("--repeat", type=int, default=2, help="timed runs per subprocess")
+    parser.add_argument("--bench-only", action="store_true",
+                        help="the speed table alone, without the checks")
     parser.add_argument("--record", metavar="JSON", help="write the test fixture")
     parser.add_argument("--bench-worker", choices=("fastattn", "transformers"),
                         help=argparse.SUPPRESS)
@@ -245,6 +247,9 @@ def main(argv=None):
     path = Path(args.model) if args.model else smollm2.model_path()
     if args.bench_worker:
         _bench_worker(args.bench_worker, path, args.threads, args.repeat)
+        return 0
+    if args.bench_only:
+        bench(path, args.threads, args.rounds, args.repeat)
         return 0
     model = smollm2.load_model(path)
     tok, hf = load_hf(path)
