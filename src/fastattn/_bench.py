@@ -308,7 +308,7 @@ def fma_peaks(threads, iters=20_000_000):
     for name, lanes in (("AVX2", 8), ("AVX-512", 16)):
         got = [_core.fma_peak(lanes, threads, iters) for _ in range(3)]
         if got[0] is not None:
-            peaks[name] = max(got)
+            peaks[name] = max(g for g in got if g is not None)
     return peaks
 
 
