@@ -3,6 +3,8 @@
 Python validates and shapes (fastattn._validate), fastattn._core releases the
 GIL and calls one C entry point, and C works on contiguous float32 buffers.
 """
+from __future__ import annotations  # help() shows the annotations as written
+
 import math
 import os as _os
 from typing import Literal, Optional, overload

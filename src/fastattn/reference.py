@@ -10,6 +10,8 @@ inputs; the arithmetic is float64 and the results are returned as float32.
 Attention here forms the full (..., L, S) score matrix: O(L x S) memory, for
 checking, not for speed.
 """
+from __future__ import annotations  # help() shows the annotations as written
+
 from typing import Optional
 
 import numpy as np
