@@ -936,9 +936,12 @@ del _g
 # Packed variable-length batches
 
 
-def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, is_causal=False, window=None,
-                     scale=None, softcap=None, alibi_slopes=None, sinks=None, return_lse=False,
-                     out=None):
+def varlen_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: ArrayLike,
+                     cu_seqlens_k: ArrayLike, *, is_causal: bool = False, window: Window = None,
+                     scale: Optional[float] = None, softcap: Optional[float] = None,
+                     alibi_slopes: Optional[ArrayLike] = None,
+                     sinks: Optional[ArrayLike] = None, return_lse: bool = False,
+                     out: Optional[Float32Array] = None) -> AttentionResult:
     """Attention over packed sequences of different lengths (FlashAttention's varlen form).
 
     The sequences lie one after another along the token axis; sequence ``b``
@@ -1059,7 +1062,9 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, is_causal=False, wi
             sinks=None if a.sinks is None else a.sinks.reshape(-1),
             varlen=(a.cu_q, a.cu_k, o_off, lse_off, a.Hq * a.Dv, a.Hq),
         )
-    return (out, lse) if return_lse else out
+    if lse is not None:
+        return out, lse
+    return out
 
 
 # ----------------------------------------------------------------------------
