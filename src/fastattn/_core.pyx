@@ -6,9 +6,12 @@ float32 / uint8 / int64 buffers and Python ints (attention's q, k and v: arrays
 of any strides, read in place from their first element). Each wrapper releases the GIL
 for the one C call and maps the returned status to an exception in _check.
 """
-from cpython.buffer cimport PyBUF_STRIDES, PyBuffer_Release, PyObject_GetBuffer
+from cpython.buffer cimport (PyBUF_FORMAT, PyBUF_STRIDES, PyBUF_WRITABLE, PyBuffer_Release,
+                             PyObject_GetBuffer)
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
-from libc.stdint cimport int32_t, int64_t, uint8_t
+from libc.float cimport FLT_MAX
+from libc.math cimport fabs, isfinite, sqrt
+from libc.stdint cimport int32_t, int64_t, uint8_t, uintptr_t
 from libc.string cimport memset
 
 import numpy as np
@@ -257,6 +260,208 @@ def attention(q, k, v, int k_dtype, int v_dtype,
         raise ValueError("block_table: an entry is outside the cache's pages, or block_size "
                          "is not a positive multiple of 64")
     _check(status)
+
+
+# ----------------------------------------------------------------------------
+# The plain call: attention's fast path for the common case
+
+cdef object _ndarray = np.ndarray
+cdef object _empty = np.empty
+cdef object _float32 = np.float32
+
+
+cdef bint _plain(object x, Py_buffer *view, char code, Py_ssize_t itemsize):
+    """Take x's buffer into view when x is a numpy.ndarray (no subclass),
+    C-contiguous and aligned, whose elements are `code` ('f': native float32,
+    '?': bool): 1 then (the caller releases view), else 0 with nothing held."""
+    cdef Py_ssize_t i, expect
+    if type(x) is not _ndarray:
+        return 0
+    try:
+        PyObject_GetBuffer(x, view, PyBUF_STRIDES | PyBUF_FORMAT)
+    except Exception:  # e.g. a dtype with no buffer format
+        return 0
+    if (view.itemsize == itemsize and view.format != NULL and view.format[0] == code
+            and view.format[1] == 0 and view.ndim >= 1
+            and <uintptr_t>view.buf % <uintptr_t>itemsize == 0):
+        expect = itemsize
+        for i in range(view.ndim - 1, -1, -1):
+            if view.shape[i] != 1 and view.strides[i] != expect:
+                break
+            expect *= view.shape[i]
+        else:
+            return 1
+    PyBuffer_Release(view)
+    return 0
+
+
+cdef inline bint _is_bool(object x):
+    return x is True or x is False
+
+
+def sdpa_plain(q, k, v, mask, is_causal, scale, enable_gqa, return_lse, int nthreads):
+    """scaled_dot_product_attention for the common case, or None where it does not apply.
+
+    Applies when q, k and v are C-contiguous, aligned, native float32
+    numpy.ndarrays (no subclass) of the same number of dimensions >= 2 with
+    equal leading dimensions (with enable_gqa: equal but for the head axis,
+    q's heads a multiple of k's = v's), every dimension >= 1, D equal and v's
+    rows those of k; mask None or such an ndarray of bool or float32 that
+    broadcasts to (..., L, S); is_causal, enable_gqa and return_lse Python
+    bools; scale None or a finite Python float within float32's range. The
+    caller passes no other option. Anything else returns None, for the
+    general path (fastattn._validate and _api._run_attention) to convert and
+    check, with its errors: this path never raises on its arguments. It
+    fills the kernel's arguments exactly as the general path does (the same
+    offsets, row strides and scale), so the bits are the same.
+    """
+    cdef Py_buffer qb, kb, vb, mb, ob, lb
+    cdef int held = 0, status = FA_OK, i, nd, mnd, gqa
+    cdef int64_t L, S, D, Dv, nbatch = 1, Hq = 1, Hkv = 1, group = 1, j, r, c, off
+    cdef int64_t mst[64]
+    cdef int64_t *offs = NULL
+    cdef double sc
+    cdef fa_attn_args a
+    if not (_is_bool(is_causal) and _is_bool(enable_gqa) and _is_bool(return_lse)):
+        return None
+    if scale is None:
+        sc = 0.0
+    elif type(scale) is float:
+        sc = scale
+        if not isfinite(sc) or fabs(sc) > FLT_MAX:
+            return None
+    else:
+        return None
+    gqa = enable_gqa is True
+    if not _plain(q, &qb, b'f', 4):
+        return None
+    held = 1
+    try:
+        if not _plain(k, &kb, b'f', 4):
+            return None
+        held = 2
+        if not _plain(v, &vb, b'f', 4):
+            return None
+        held = 3
+        nd = qb.ndim
+        if nd < 2 + gqa or kb.ndim != nd or vb.ndim != nd:
+            return None
+        L, D = qb.shape[nd - 2], qb.shape[nd - 1]
+        S, Dv = kb.shape[nd - 2], vb.shape[nd - 1]
+        if L < 1 or S < 1 or D < 1 or Dv < 1 or kb.shape[nd - 1] != D or vb.shape[nd - 2] != S:
+            return None
+        for i in range(nd - 2 - gqa):
+            if kb.shape[i] != qb.shape[i] or vb.shape[i] != qb.shape[i] or qb.shape[i] < 1:
+                return None
+            nbatch *= qb.shape[i]
+        if gqa:
+            Hq, Hkv = qb.shape[nd - 3], kb.shape[nd - 3]
+            if Hq < 1 or Hkv < 1 or vb.shape[nd - 3] != Hkv or Hq % Hkv != 0:
+                return None
+            group = Hq // Hkv
+            nbatch *= Hq
+        if mask is not None:
+            if _plain(mask, &mb, b'?', 1):
+                held = 4
+            elif _plain(mask, &mb, b'f', 4):
+                held = 5
+            else:
+                return None
+            mnd = mb.ndim
+            if mnd > nd or mnd > 64:
+                return None
+            # Element strides of the mask broadcast to batch + (L, S), right-aligned;
+            # 0 on its length-1 axes and on the axes it lacks.
+            off = 1
+            for i in range(nd - 1, -1, -1):
+                mst[i] = 0
+                if i >= nd - mnd:
+                    c = mb.shape[i - (nd - mnd)]
+                    if c != 1:
+                        if c != (S if i == nd - 1 else qb.shape[i]):  # q.shape[:-1] + (S,)
+                            return None
+                        mst[i] = off
+                    off *= c
+        offs = <int64_t *>PyMem_Malloc(4 * nbatch * sizeof(int64_t) + 1)
+        if offs == NULL:
+            raise MemoryError("fastattn: could not allocate the batch offsets")
+        # Item j of the batch (C order) starts at j * L * D in q, as the general path's
+        # block offsets give for a C-contiguous array (length-1 axes have index 0).
+        # k and v: item j's kv head is (j % Hq) // group of its batch item j // Hq.
+        for j in range(nbatch):
+            offs[j] = j * L * D
+            r = (j // Hq) * Hkv + (j % Hq) // group
+            offs[nbatch + j] = r * S * D
+            offs[2 * nbatch + j] = r * S * Dv
+            if held >= 4:
+                off = 0
+                r = j
+                for i in range(nd - 3, -1, -1):
+                    c = qb.shape[i]
+                    off += (r % c) * mst[i]
+                    r = r // c
+                offs[3 * nbatch + j] = off
+        shape = q.shape[:-1]
+        out = _empty(shape + (Dv,), _float32)
+        lse = _empty(shape, _float32) if return_lse is True else None
+        memset(&a, 0, sizeof(a))
+        a.nbatch = nbatch
+        a.L = L
+        a.S = S
+        a.D = D
+        a.Dv = Dv
+        a.q = <const float *>qb.buf
+        a.k = kb.buf
+        a.v = vb.buf
+        a.k_dtype = FA_DTYPE_F32
+        a.v_dtype = FA_DTYPE_F32
+        a.q_off = offs
+        a.k_off = offs + nbatch
+        a.v_off = offs + 2 * nbatch
+        a.q_rs = 0 if L == 1 else D
+        a.k_rs = 0 if S == 1 else D
+        a.v_rs = 0 if S == 1 else Dv
+        a.mask_kind = FA_MASK_NONE
+        if held >= 4:
+            a.mask_kind = FA_MASK_BOOL if held == 4 else FA_MASK_FLOAT
+            if held == 4:
+                a.bool_mask = <const uint8_t *>mb.buf
+            else:
+                a.float_mask = <const float *>mb.buf
+            a.mask_off = offs + 3 * nbatch
+            a.mask_sl = mst[nd - 2]
+            a.mask_ss = mst[nd - 1]
+        a.is_causal = is_causal is True
+        a.win_left = -1
+        a.win_right = -1
+        if scale is None:
+            sc = 1.0 / sqrt(<double>D)  # as fastattn._validate.check_scale, in double
+        a.scale = <float>sc
+        PyObject_GetBuffer(out, &ob, PyBUF_WRITABLE)
+        try:
+            if lse is not None:
+                PyObject_GetBuffer(lse, &lb, PyBUF_WRITABLE)
+            try:
+                with nogil:
+                    status = fa_sdpa_f32(&a, <float *>ob.buf,
+                                         <float *>lb.buf if return_lse is True else NULL,
+                                         nthreads)
+            finally:
+                if lse is not None:
+                    PyBuffer_Release(&lb)
+        finally:
+            PyBuffer_Release(&ob)
+        _check(status)
+        return (out, lse) if lse is not None else out
+    finally:
+        PyMem_Free(offs)
+        if held >= 4:
+            PyBuffer_Release(&mb)
+        if held >= 3:
+            PyBuffer_Release(&vb)
+        if held >= 2:
+            PyBuffer_Release(&kb)
+        PyBuffer_Release(&qb)
 
 
 def exp_diff(const float[::1] x, float m, float[::1] y):

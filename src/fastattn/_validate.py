@@ -33,6 +33,14 @@ def is_bfloat16(dtype):
     return ml_dtypes is not None and dtype == ml_dtypes.bfloat16
 
 
+def is_masked_array(x: Any) -> bool:
+    """True for a numpy.ma.MaskedArray. NumPy imports numpy.ma lazily (tens of
+    milliseconds, paid by the first attention call otherwise); no masked array
+    can exist before it is imported, so it is only looked up, never imported."""
+    ma = sys.modules.get("numpy.ma")
+    return ma is not None and isinstance(x, ma.MaskedArray)
+
+
 def _is_torch_tensor(x: Any) -> bool:
     return type(x).__module__.split(".")[0] == "torch" and hasattr(x, "requires_grad")
 
@@ -84,7 +92,7 @@ def is_half(dtype):
 
 def _real_array(x, name):
     """`x` as an ndarray of a real floating dtype (bfloat16 included); TypeError else."""
-    if isinstance(x, np.ma.MaskedArray):
+    if is_masked_array(x):
         raise TypeError(f"{name} must be a plain array, not a masked array (its mask would be "
                         f"ignored): pass numpy.ma.filled({name}, value) or an attn_mask")
     arr = as_array(x, name)
@@ -235,7 +243,7 @@ def per_head(value: Any, name: str, head_shape: Sequence[int], batch: Sequence[i
     `target`) as a C-contiguous float32 array of shape `batch`, or None."""
     if value is None:
         return None
-    if isinstance(value, np.ma.MaskedArray):
+    if is_masked_array(value):
         raise TypeError(f"{name} must be a plain array of real floats, not a masked array")
     try:
         arr = np.asarray(value)
@@ -272,7 +280,7 @@ class SegmentIds:
 
 
 def _ids(value: Any, name: str, target: Tuple[int, ...]) -> np.ndarray:
-    if isinstance(value, np.ma.MaskedArray):
+    if is_masked_array(value):
         raise TypeError(f"{name} must be a plain integer array, not a masked array")
     try:
         arr = np.asarray(value)
@@ -456,7 +464,7 @@ def attention_inputs(q: Any, k: Any, v: Any, attn_mask: Any, is_causal: Any, win
         batch = _broadcast([a.shape[:-2] for a in arrays], "/".join(names), _gqa_hint(arrays))
     mask = None
     if attn_mask is not None:
-        if isinstance(attn_mask, np.ma.MaskedArray):
+        if is_masked_array(attn_mask):
             raise TypeError("attn_mask must be a plain bool or float array, not a masked array")
         mask = as_array(attn_mask, "attn_mask")
         if mask.dtype != np.bool_ and mask.dtype.kind != "f" and not is_bfloat16(mask.dtype):
@@ -538,7 +546,7 @@ def merge_inputs(outs, lses):
 def check_cu_seqlens(cu: Any, name: str, total: int, what: str) -> np.ndarray:
     """`cu` as an int64 array: 1-d integers from 0, non-decreasing, ending at
     `total` (the packed length `what`)."""
-    if isinstance(cu, np.ma.MaskedArray):
+    if is_masked_array(cu):
         raise TypeError(f"{name} must be a plain 1-d integer array, not a masked array")
     try:
         arr = np.asarray(cu)

@@ -1,0 +1,184 @@
+"""The per-call cost paths: the plain call's fast path and the first call.
+
+``_core.sdpa_plain`` serves the common call (C-contiguous float32 ndarrays,
+at most a bool or float32 mask, scale, is_causal, enable_gqa, return_lse) in
+one step, and returns None for anything else, which then takes the general
+path (fastattn._validate + _api._run_attention). It must give the general
+path's bits, and must never raise on its arguments: every error comes from
+the general path, with its messages.
+"""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import fastattn
+from fastattn import _api, _core
+from fastattn._validate import as_bool, attention_inputs
+
+
+def general(q, k, v, mask=None, is_causal=False, scale=None, enable_gqa=False,
+            return_lse=False):
+    """The general path, bypassing the fast one."""
+    a = attention_inputs(q, k, v, mask, is_causal, None, scale, enable_gqa)
+    out = np.empty(a.batch + (a.L, a.Dv), np.float32)
+    return_lse = as_bool(return_lse, "return_lse")
+    lse = np.empty(a.batch + (a.L,), np.float32) if return_lse else None
+    _api._run_attention(a, out, lse)
+    return (out, lse) if return_lse else out
+
+
+def plain(q, k, v, mask=None, is_causal=False, scale=None, enable_gqa=False,
+          return_lse=False, nthreads=2):
+    return _core.sdpa_plain(q, k, v, mask, is_causal, scale, enable_gqa, return_lse, nthreads)
+
+
+def f32(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def padding_mask(B, S):
+    m = np.ones((B, 1, 1, S), bool)
+    for b in range(B):
+        m[b, ..., S - (b * S) // (2 * B):] = False
+    return m
+
+
+# (q shape, k shape, v shape, mask shape or None, mask dtype, options)
+FAST_CASES = [
+    ((1, 1, 4, 8), (1, 1, 4, 8), (1, 1, 4, 8), None, None, {}),
+    ((4, 8), (5, 8), (5, 3), None, None, {}),
+    ((3, 1, 8), (3, 70, 8), (3, 70, 16), None, None, {}),          # L = 1
+    ((2, 3, 7, 5), (2, 3, 1, 5), (2, 3, 1, 4), None, None, {}),    # S = 1
+    ((2, 3, 33, 16), (2, 3, 65, 16), (2, 3, 65, 16), (2, 3, 33, 65), bool, {}),
+    ((2, 3, 33, 16), (2, 3, 65, 16), (2, 3, 65, 16), (33, 65), np.float32, {}),
+    ((2, 3, 17, 16), (2, 3, 17, 16), (2, 3, 17, 16), (2, 1, 1, 17), bool, {"is_causal": True}),
+    ((2, 3, 17, 16), (2, 3, 17, 16), (2, 3, 17, 16), (3, 17, 1), np.float32, {}),
+    ((2, 3, 17, 16), (2, 3, 17, 16), (2, 3, 17, 16), (1, 1, 17), bool, {"scale": -0.3}),
+    ((1, 6, 1, 32), (1, 2, 100, 32), (1, 2, 100, 8), None, None, {"enable_gqa": True}),
+    ((2, 6, 5, 32), (2, 3, 100, 32), (2, 3, 100, 32), (2, 1, 5, 100), bool,
+     {"enable_gqa": True, "is_causal": True, "return_lse": True}),
+    ((4, 4, 9, 8), (4, 1, 9, 8), (4, 1, 9, 8), None, None, {"enable_gqa": True}),
+    ((2, 2, 40, 24), (2, 2, 40, 24), (2, 2, 40, 24), None, None,
+     {"return_lse": True, "scale": 0.0}),
+]
+
+
+@pytest.mark.parametrize("qs, ks, vs, ms, mdtype, opts", FAST_CASES)
+def test_fast_path_gives_the_general_paths_bits(rng, qs, ks, vs, ms, mdtype, opts):
+    q, k, v = f32(rng, *qs), f32(rng, *ks), f32(rng, *vs)
+    mask = None
+    if ms is not None:
+        mask = (rng.random(ms) < 0.8) if mdtype is bool else f32(rng, *ms)
+        if mdtype is bool:
+            mask[..., 0] = True
+    got = plain(q, k, v, mask, **opts)
+    assert got is not None, "the case must take the fast path"
+    want = general(q, k, v, mask, **opts)
+    public = fastattn.scaled_dot_product_attention(q, k, v, mask, **opts)
+    for g, w, p in zip(*(x if isinstance(x, tuple) else (x,) for x in (got, want, public))):
+        assert g.shape == w.shape and g.dtype == w.dtype == np.float32
+        np.testing.assert_array_equal(g.view(np.uint32), w.view(np.uint32))
+        np.testing.assert_array_equal(p.view(np.uint32), w.view(np.uint32))
+    assert isinstance(got, tuple) == bool(opts.get("return_lse"))
+
+
+@pytest.mark.parametrize("nthreads", [1, 2, 3])
+def test_fast_path_padding_mask_bits_for_every_thread_count(rng, nthreads):
+    q, k, v = (f32(rng, 8, 12, 32, 32) for _ in range(3))
+    mask = padding_mask(8, 32)
+    want = general(q, k, v, mask)
+    got = plain(q, k, v, mask, nthreads=nthreads)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def _misaligned(shape):
+    buf = np.zeros(int(np.prod(shape)) * 4 + 1, np.uint8)
+    arr = np.frombuffer(buf.data, np.float32, int(np.prod(shape)), offset=1).reshape(shape)
+    assert arr.flags.c_contiguous and not arr.flags.aligned
+    return arr
+
+
+def _bypass_cases(rng):
+    q = f32(rng, 2, 3, 4, 8)
+    m = np.ones((4, 4), bool)
+    return [
+        ("q float64", (q.astype(np.float64), q, q), {}),
+        ("k float16", (q, q.astype(np.float16), q), {}),
+        ("v big-endian", (q, q, q.astype(">f4")), {}),
+        ("q not contiguous", (np.swapaxes(q, 1, 2), q, q), {}),
+        ("k and v strided views", (q, f32(rng, 2, 3, 8, 8)[:, :, ::2], q[:, :, ::-1]), {}),
+        ("q misaligned", (_misaligned(q.shape), q, q), {}),
+        ("q a subclass", (np.ma.masked_array(q), q, q), {}),
+        ("q a list", (q.tolist(), q, q), {}),
+        ("q 1-d", (q.reshape(-1), q, q), {}),
+        ("q a different ndim", (q[0], q, q), {}),
+        ("broadcast batch", (q, q[:1], q[:1]), {}),
+        ("D differs", (q, f32(rng, 2, 3, 4, 7), q), {}),
+        ("v rows differ", (q, q, f32(rng, 2, 3, 5, 8)), {}),
+        ("empty L", (f32(rng, 2, 3, 0, 8), q, q), {}),
+        ("empty batch", (f32(rng, 0, 3, 4, 8), f32(rng, 0, 3, 4, 8), f32(rng, 0, 3, 4, 8)), {}),
+        ("empty Dv", (q, q, f32(rng, 2, 3, 4, 0)), {}),
+        ("gqa heads not a multiple", (q, f32(rng, 2, 2, 4, 8), f32(rng, 2, 2, 4, 8)),
+         {"enable_gqa": True}),
+        ("gqa k and v heads differ", (q, f32(rng, 2, 1, 4, 8), q), {"enable_gqa": True}),
+        ("gqa 2-d", (q[0, 0], q[0, 0], q[0, 0]), {"enable_gqa": True}),
+        ("heads differ without gqa", (q, f32(rng, 2, 1, 4, 8), f32(rng, 2, 1, 4, 8)), {}),
+        ("mask int", (q, q, q), {"mask": np.ones((4, 4), np.int8)}),
+        ("mask float64", (q, q, q), {"mask": np.zeros((4, 4))}),
+        ("mask a list", (q, q, q), {"mask": m.tolist()}),
+        ("mask a broadcast view", (q, q, q), {"mask": np.broadcast_to(m, (2, 3, 4, 4))}),
+        ("mask not contiguous", (q, q, q), {"mask": np.ones((4, 8), bool)[:, ::2]}),
+        ("mask does not broadcast", (q, q, q), {"mask": np.ones((4, 5), bool)}),
+        ("mask too many dims", (q, q, q), {"mask": np.ones((1, 2, 3, 4, 4), bool)}),
+        ("mask 0-d", (q, q, q), {"mask": np.array(True)}),
+        ("mask masked", (q, q, q), {"mask": np.ma.masked_array(m)}),
+        ("is_causal numpy bool", (q, q, q), {"is_causal": np.True_}),
+        ("is_causal int", (q, q, q), {"is_causal": 1}),
+        ("enable_gqa None", (q, q, q), {"enable_gqa": None}),
+        ("return_lse str", (q, q, q), {"return_lse": "yes"}),
+        ("scale int", (q, q, q), {"scale": 1}),
+        ("scale numpy", (q, q, q), {"scale": np.float32(0.5)}),
+        ("scale inf", (q, q, q), {"scale": float("inf")}),
+        ("scale nan", (q, q, q), {"scale": float("nan")}),
+        ("scale beyond float32", (q, q, q), {"scale": 1e39}),
+    ]
+
+
+def test_fast_path_declines_everything_else_without_raising(rng):
+    for what, (q, k, v), opts in _bypass_cases(rng):
+        mask = opts.pop("mask", None)
+        assert plain(q, k, v, mask, **opts) is None, what
+
+
+def test_declined_calls_keep_the_general_paths_results_and_errors(rng):
+    for what, (q, k, v), opts in _bypass_cases(rng):
+        mask = opts.pop("mask", None)
+        try:
+            want = general(q, k, v, mask, **opts)
+        except (TypeError, ValueError) as exc:
+            with pytest.raises(type(exc)) as info:
+                fastattn.scaled_dot_product_attention(q, k, v, mask, **opts)
+            assert str(info.value) == str(exc), what
+            continue
+        got = fastattn.scaled_dot_product_attention(q, k, v, mask, **opts)
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want), err_msg=what)
+
+
+def test_the_first_call_does_not_import_numpy_ma():
+    # NumPy imports numpy.ma lazily, in tens of milliseconds: the first
+    # attention call paid it, checking for masked arrays that cannot exist yet.
+    script = ("import sys, numpy as np\n"
+              "before = 'numpy.ma' in sys.modules\n"
+              "import fastattn\n"
+              "q = np.ones((1, 1, 4, 8), np.float32)\n"
+              "fastattn.scaled_dot_product_attention(q, q, q)\n"
+              "fastattn.scaled_dot_product_attention(q.astype(np.float64), q, q, np.eye(4) > 0)\n"
+              "print(before, 'numpy.ma' in sys.modules)\n")
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True)
+    before, after = res.stdout.split()
+    if before == "True":
+        pytest.skip("this NumPy imports numpy.ma with numpy")
+    assert after == "False"
