@@ -2,6 +2,9 @@
 
 Python validates and shapes (fastattn._validate), fastattn._core releases the
 GIL and calls one C entry point, and C works on contiguous float32 buffers.
+The common attention call (float32 ndarrays with contiguous rows, at most a
+bool or float32 mask) skips the Python checks: _core.sdpa_plain takes it in
+one step, with the same kernel arguments, and declines everything else.
 """
 from __future__ import annotations  # help() shows the annotations as written
 

@@ -5,6 +5,9 @@ Every argument arrives validated and shaped by fastattn._api: 1-d C-contiguous
 float32 / uint8 / int64 buffers and Python ints (attention's q, k and v: arrays
 of any strides, read in place from their first element). Each wrapper releases the GIL
 for the one C call and maps the returned status to an exception in _check.
+The one exception is sdpa_plain, attention's fast path for the common call:
+it checks its own arguments and hands anything it does not take back to the
+general path (it returns None), which then raises the errors.
 """
 from cpython.buffer cimport (PyBUF_FORMAT, PyBUF_STRIDES, PyBUF_WRITABLE, PyBuffer_Release,
                              PyObject_GetBuffer)
@@ -270,11 +273,15 @@ cdef object _empty = np.empty
 cdef object _float32 = np.float32
 
 
-cdef bint _plain(object x, Py_buffer *view, char code, Py_ssize_t itemsize):
-    """Take x's buffer into view when x is a numpy.ndarray (no subclass),
-    C-contiguous and aligned, whose elements are `code` ('f': native float32,
-    '?': bool): 1 then (the caller releases view), else 0 with nothing held."""
-    cdef Py_ssize_t i, expect
+cdef bint _take(object x, Py_buffer *view, char code, Py_ssize_t itemsize, bint contiguous,
+                int64_t *st):
+    """Take x's buffer into view when x is a numpy.ndarray (no subclass) of
+    elements `code` ('f': native float32, '?': bool), aligned, with its rows in
+    place (the last axis contiguous, every stride a whole number of elements,
+    as fastattn._validate.rows_in_place) or, with `contiguous`, C-contiguous;
+    st[i] is then axis i's stride in elements, 0 on a length-1 axis (as
+    _api._strides). 1 then (the caller releases view), else 0, nothing held."""
+    cdef Py_ssize_t i, n, s, expect = itemsize
     if type(x) is not _ndarray:
         return 0
     try:
@@ -282,13 +289,19 @@ cdef bint _plain(object x, Py_buffer *view, char code, Py_ssize_t itemsize):
     except Exception:  # e.g. a dtype with no buffer format
         return 0
     if (view.itemsize == itemsize and view.format != NULL and view.format[0] == code
-            and view.format[1] == 0 and view.ndim >= 1
+            and view.format[1] == 0 and 1 <= view.ndim <= 64
             and <uintptr_t>view.buf % <uintptr_t>itemsize == 0):
-        expect = itemsize
         for i in range(view.ndim - 1, -1, -1):
-            if view.shape[i] != 1 and view.strides[i] != expect:
+            n, s = view.shape[i], view.strides[i]
+            st[i] = 0
+            if n == 1:
+                continue
+            if contiguous and s != expect:
                 break
-            expect *= view.shape[i]
+            if s % itemsize != 0 or (i == view.ndim - 1 and s != itemsize):
+                break
+            st[i] = s // itemsize
+            expect *= n
         else:
             return 1
     PyBuffer_Release(view)
@@ -302,105 +315,113 @@ cdef inline bint _is_bool(object x):
 def sdpa_plain(q, k, v, mask, is_causal, scale, enable_gqa, return_lse, int nthreads):
     """scaled_dot_product_attention for the common case, or None where it does not apply.
 
-    Applies when q, k and v are C-contiguous, aligned, native float32
-    numpy.ndarrays (no subclass) of the same number of dimensions >= 2 with
-    equal leading dimensions (with enable_gqa: equal but for the head axis,
-    q's heads a multiple of k's = v's), every dimension >= 1, D equal and v's
-    rows those of k; mask None or such an ndarray of bool or float32 that
-    broadcasts to (..., L, S); is_causal, enable_gqa and return_lse Python
-    bools; scale None or a finite Python float within float32's range. The
-    caller passes no other option. Anything else returns None, for the
-    general path (fastattn._validate and _api._run_attention) to convert and
-    check, with its errors: this path never raises on its arguments. It
-    fills the kernel's arguments exactly as the general path does (the same
-    offsets, row strides and scale), so the bits are the same.
+    Applies when q, k and v are aligned, native float32 numpy.ndarrays (no
+    subclass) with their rows in place (any strides a whole number of
+    elements, the last axis contiguous) and the same number of dimensions
+    >= 2, each of k's and v's leading dimensions equal to q's or 1 (with
+    enable_gqa: but for the head axis, where q's heads are a multiple of k's
+    = v's), every dimension >= 1, D equal and v's rows those of k; mask None
+    or a C-contiguous ndarray of bool or float32 that broadcasts to
+    q.shape[:-1] + (S,) with no more dimensions; is_causal, enable_gqa and
+    return_lse Python bools; scale None or a finite Python float within
+    float32's range. The caller passes no other option. Anything else
+    returns None, for the general path (fastattn._validate and
+    _api._run_attention) to convert and check, with its errors: this path
+    never raises on its arguments. It gives the kernel exactly the arguments
+    the general path gives it (the same offsets, strides and scale), so the
+    bits are the same.
     """
     cdef Py_buffer qb, kb, vb, mb, ob, lb
-    cdef int held = 0, status = FA_OK, i, nd, mnd, gqa
-    cdef int64_t L, S, D, Dv, nbatch = 1, Hq = 1, Hkv = 1, group = 1, j, r, c, off
+    cdef int held = 0, status = FA_OK, i, nd, nb, mnd, gqa
+    cdef int64_t L, S, D, Dv, nbatch = 1, group = 1, j, r, c, n, qo, ko, vo, mo
+    cdef int64_t qst[64]
+    cdef int64_t kst[64]
+    cdef int64_t vst[64]
     cdef int64_t mst[64]
+    cdef int64_t mview[64]
     cdef int64_t *offs = NULL
-    cdef double sc
+    cdef double sc = 0.0
     cdef fa_attn_args a
     if not (_is_bool(is_causal) and _is_bool(enable_gqa) and _is_bool(return_lse)):
         return None
-    if scale is None:
-        sc = 0.0
-    elif type(scale) is float:
+    if type(scale) is float:
         sc = scale
         if not isfinite(sc) or fabs(sc) > FLT_MAX:
             return None
-    else:
+    elif scale is not None:
         return None
     gqa = enable_gqa is True
-    if not _plain(q, &qb, b'f', 4):
+    if not _take(q, &qb, b'f', 4, 0, qst):
         return None
     held = 1
     try:
-        if not _plain(k, &kb, b'f', 4):
+        if not _take(k, &kb, b'f', 4, 0, kst):
             return None
         held = 2
-        if not _plain(v, &vb, b'f', 4):
+        if not _take(v, &vb, b'f', 4, 0, vst):
             return None
         held = 3
         nd = qb.ndim
+        nb = nd - 2  # batch axes: q.shape[:-2] (with GQA its last is the head axis)
         if nd < 2 + gqa or kb.ndim != nd or vb.ndim != nd:
             return None
         L, D = qb.shape[nd - 2], qb.shape[nd - 1]
         S, Dv = kb.shape[nd - 2], vb.shape[nd - 1]
         if L < 1 or S < 1 or D < 1 or Dv < 1 or kb.shape[nd - 1] != D or vb.shape[nd - 2] != S:
             return None
-        for i in range(nd - 2 - gqa):
-            if kb.shape[i] != qb.shape[i] or vb.shape[i] != qb.shape[i] or qb.shape[i] < 1:
+        for i in range(nb - gqa):
+            n = qb.shape[i]
+            if n < 1 or kb.shape[i] not in (1, n) or vb.shape[i] not in (1, n):
                 return None
-            nbatch *= qb.shape[i]
+            nbatch *= n
         if gqa:
-            Hq, Hkv = qb.shape[nd - 3], kb.shape[nd - 3]
-            if Hq < 1 or Hkv < 1 or vb.shape[nd - 3] != Hkv or Hq % Hkv != 0:
+            n = qb.shape[nb - 1]  # Hq
+            c = kb.shape[nb - 1]  # Hkv
+            if n < 1 or c < 1 or vb.shape[nb - 1] != c or n % c != 0:
                 return None
-            group = Hq // Hkv
-            nbatch *= Hq
+            group = n // c
+            nbatch *= n
         if mask is not None:
-            if _plain(mask, &mb, b'?', 1):
+            if _take(mask, &mb, b'?', 1, 1, mview):
                 held = 4
-            elif _plain(mask, &mb, b'f', 4):
+            elif _take(mask, &mb, b'f', 4, 1, mview):
                 held = 5
             else:
                 return None
             mnd = mb.ndim
-            if mnd > nd or mnd > 64:
+            if mnd > nd:
                 return None
-            # Element strides of the mask broadcast to batch + (L, S), right-aligned;
-            # 0 on its length-1 axes and on the axes it lacks.
-            off = 1
-            for i in range(nd - 1, -1, -1):
+            # The mask's strides broadcast to q.shape[:-1] + (S,), its axes right-aligned.
+            for i in range(nd):
                 mst[i] = 0
                 if i >= nd - mnd:
                     c = mb.shape[i - (nd - mnd)]
-                    if c != 1:
-                        if c != (S if i == nd - 1 else qb.shape[i]):  # q.shape[:-1] + (S,)
-                            return None
-                        mst[i] = off
-                    off *= c
+                    if c != 1 and c != (S if i == nd - 1 else qb.shape[i]):
+                        return None
+                    mst[i] = mview[i - (nd - mnd)]
         offs = <int64_t *>PyMem_Malloc(4 * nbatch * sizeof(int64_t) + 1)
         if offs == NULL:
             raise MemoryError("fastattn: could not allocate the batch offsets")
-        # Item j of the batch (C order) starts at j * L * D in q, as the general path's
-        # block offsets give for a C-contiguous array (length-1 axes have index 0).
-        # k and v: item j's kv head is (j % Hq) // group of its batch item j // Hq.
+        # Item j of the batch (C order over q.shape[:-2]) starts at sum_i index_i *
+        # stride_i in each array, as _api._offsets gives; with GQA, k and v's head
+        # index is q's divided by the group (no kv head is repeated).
         for j in range(nbatch):
-            offs[j] = j * L * D
-            r = (j // Hq) * Hkv + (j % Hq) // group
-            offs[nbatch + j] = r * S * D
-            offs[2 * nbatch + j] = r * S * Dv
-            if held >= 4:
-                off = 0
-                r = j
-                for i in range(nd - 3, -1, -1):
-                    c = qb.shape[i]
-                    off += (r % c) * mst[i]
-                    r = r // c
-                offs[3 * nbatch + j] = off
+            r = j
+            qo = ko = vo = mo = 0
+            for i in range(nb - 1, -1, -1):
+                n = qb.shape[i]
+                c = r % n
+                r = r // n
+                qo += c * qst[i]
+                mo += c * mst[i]
+                if gqa and i == nb - 1:
+                    c = c // group
+                ko += c * kst[i]
+                vo += c * vst[i]
+            offs[j] = qo
+            offs[nbatch + j] = ko
+            offs[2 * nbatch + j] = vo
+            offs[3 * nbatch + j] = mo
         shape = q.shape[:-1]
         out = _empty(shape + (Dv,), _float32)
         lse = _empty(shape, _float32) if return_lse is True else None
@@ -418,9 +439,9 @@ def sdpa_plain(q, k, v, mask, is_causal, scale, enable_gqa, return_lse, int nthr
         a.q_off = offs
         a.k_off = offs + nbatch
         a.v_off = offs + 2 * nbatch
-        a.q_rs = 0 if L == 1 else D
-        a.k_rs = 0 if S == 1 else D
-        a.v_rs = 0 if S == 1 else Dv
+        a.q_rs = qst[nd - 2]  # 0 for a single row, as _api._row_stride
+        a.k_rs = kst[nd - 2]
+        a.v_rs = vst[nd - 2]
         a.mask_kind = FA_MASK_NONE
         if held >= 4:
             a.mask_kind = FA_MASK_BOOL if held == 4 else FA_MASK_FLOAT
