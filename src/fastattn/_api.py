@@ -357,6 +357,14 @@ def _offsets(arr, batch, group=1):
     return _core.block_offsets(tuple(batch), strides, group)
 
 
+def _layout(arr, batch, group=1):
+    """(offsets, stride of axis -2, stride of axis -1) of `arr` broadcast over
+    `batch` + its last two axes, as _offsets and _strides give them, with its
+    strides computed once."""
+    strides = _strides(arr, len(batch) + 2)
+    return _core.block_offsets(tuple(batch), strides[:-2], group), strides[-2], strides[-1]
+
+
 def _kv_operand(arr):
     """(array the kernel reads, its dtype code): k or v as stored (bfloat16 as
     its uint16 bits, which NumPy's buffer protocol can export)."""
@@ -375,8 +383,7 @@ def _run_attention(a, result, lse=None, weights=False):
         return
     flat_mask, mask_off, mask_sl, mask_ss = None, np.zeros(0, np.int64), 0, 0
     if a.mask is not None:
-        mask_off = _offsets(a.mask, a.batch)
-        mask_sl, mask_ss = _strides(a.mask, len(a.batch) + 2)[-2:]
+        mask_off, mask_sl, mask_ss = _layout(a.mask, a.batch)
         flat = a.mask.reshape(-1)
         flat_mask = flat.view(np.uint8) if flat.dtype == np.bool_ else flat
     left, right = a.window
@@ -391,11 +398,14 @@ def _run_attention(a, result, lse=None, weights=False):
                     _core.block_offsets(tuple(a.batch), _strides(ids_q, nd)[:-1], 1),
                     _core.block_offsets(tuple(a.batch), _strides(ids_kv, nd)[:-1], 1),
                     _strides(ids_q, nd)[-1], _strides(ids_kv, nd)[-1], a.segments.sorted)
+    q_off, q_rs, _ = _layout(a.q, a.batch)
+    k_off, k_rs, _ = _layout(a.k, a.batch, a.group)
+    if a.v is not None:
+        v_off, v_rs, _ = _layout(v, a.batch, a.group)
+    else:
+        v_off, v_rs = np.zeros(nbatch, np.int64), 0
     _core.attention(
-        a.q, k_arr, v_arr, k_dtype, v_dtype,
-        _offsets(a.q, a.batch), _offsets(a.k, a.batch, a.group),
-        _offsets(v, a.batch, a.group) if a.v is not None else np.zeros(nbatch, np.int64),
-        _row_stride(a.q), _row_stride(a.k), _row_stride(v),
+        a.q, k_arr, v_arr, k_dtype, v_dtype, q_off, k_off, v_off, q_rs, k_rs, v_rs,
         nbatch, a.L, a.S, a.D, a.Dv,
         flat_mask, mask_off, mask_sl, mask_ss, a.is_causal,
         -1 if left is None else left, -1 if right is None else right,

@@ -10,8 +10,7 @@ import math
 import numbers
 import operator
 import sys
-from dataclasses import dataclass
-from typing import Any, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -269,8 +268,7 @@ def per_head(value: Any, name: str, head_shape: Sequence[int], batch: Sequence[i
     return np.ascontiguousarray(np.broadcast_to(np.broadcast_to(arr32, head_shape), batch))
 
 
-@dataclass
-class SegmentIds:
+class SegmentIds(NamedTuple):
     """Validated segment ids: int64 arrays broadcasting to batch + (L,) and
     batch + (S,), unbroadcast, and whether every key id row is non-decreasing."""
 
@@ -392,8 +390,7 @@ def _gqa_hint(arrays: List[np.ndarray]) -> str:
             f"(enable_gqa=True) needs q's heads to be a multiple of k's")
 
 
-@dataclass
-class AttentionInputs:
+class AttentionInputs(NamedTuple):
     """Validated attention arguments, unbroadcast. q is float32, k and v float32,
     float16 or bfloat16, each with contiguous rows (other strides any, as the
     caller gave them); the mask is C-contiguous."""
@@ -569,8 +566,7 @@ def check_cu_seqlens(cu: Any, name: str, total: int, what: str) -> np.ndarray:
     return np.ascontiguousarray(arr, dtype=np.int64)
 
 
-@dataclass
-class VarlenInputs:
+class VarlenInputs(NamedTuple):
     """Validated arguments of varlen_attention: q (total_q, Hq, D), k and v
     (total_k, Hkv, D / Dv) with contiguous rows, cu_q and cu_k (B + 1,)."""
 
