@@ -141,8 +141,9 @@ static inline FA_TARGET float hmin_avx2(__m256 v)
 /* 2**x is a normal float for x >= EXP2_NORMAL_LO (and x <= 0): exp2_normal_avx2 serves. */
 #define EXP2_NORMAL_LO -124.0f
 
-/* The tile softmax step, eight lanes at a time (see the portable versions). */
+#ifndef FA_HAVE_TILE_SOFTMAX /* (a variant that includes this file may bring its own) */
 #define FA_HAVE_TILE_SOFTMAX 1
+/* The tile softmax step, eight lanes at a time (see the portable versions). */
 static FA_TARGET float FA_NAME(tile_max)(const float *s, float m)
 {
     __m256 mx = _mm256_set1_ps(-INFINITY), nan = _mm256_setzero_ps();
@@ -193,6 +194,7 @@ static FA_TARGET double FA_NAME(tile_exp)(float *s, float m)
     }
     return (double)hsum_avx2(sum);
 }
+#endif
 
 /* Eight half-precision elements (the bits in h) of dtype dt as float32:
  * F16C's exact float16 conversion, bfloat16 by a shift into the top half. */

@@ -1,19 +1,25 @@
 /* The AVX-512 kernels (F, VL, BW, DQ, with AVX2 + FMA + F16C): the AVX2 variant's
- * code (kernels_avx2.c, compiled again for this target: its exponentials,
- * reductions, packing and few-rows kernels) with a micro-kernel of 16-lane
- * registers, FA_MR rows of FA_NR = 16 columns, one zmm accumulator per row.
- * Each element is the same sum as the AVX2 micro-kernel's (one fused
- * multiply-add per step of d, d ascending from 0), so this variant gives
- * the AVX2 variant's bits, faster. Chosen at run time by dispatch.c. */
+ * code (kernels_avx2.c, compiled again for this target: its reductions,
+ * packing and few-rows kernels; the compiler's own loops 16 lanes wide) with
+ * a micro-kernel of 16-lane registers, FA_MR rows of FA_NR = 16 columns, one
+ * zmm accumulator per row, and the tile softmax in 16-lane registers. Each
+ * product is the AVX2 micro-kernel's sum (one fused multiply-add per step of
+ * d, d ascending from 0) and each exponential the AVX2 one; a tile's
+ * exponentials are summed in sixteen lanes, so results agree with the AVX2
+ * variant's to rounding (this variant's own bits, the same for every thread
+ * count). Chosen at run time by dispatch.c. */
 #include "fa_kernels.h"
 
 #if defined(FA_HAVE_X86_VARIANTS)
 #include <immintrin.h>
 
-#define FA_TARGET __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,f16c")))
+#define FA_TARGET                                                                          \
+    __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,f16c,prefer-vector-width=512")))
 #define FA_NAME(x) x##_avx512
 #define FA_VARIANT_NAME "avx512"
 #define FA_MR 12 /* twelve zmm accumulators: enough independent FMAs for two ports */
+
+#include "fa_internal.h" /* its helpers compiled for this target */
 
 #if FA_NR != 16
 #error "the AVX-512 micro-kernel holds one row of FA_NR = 16 columns in one register"
@@ -37,6 +43,102 @@ static FA_TARGET void gemm_block_avx512(const float *a, int64_t lda, const float
     }
     for (r = 0; r < FA_MR; r++)
         _mm512_storeu_ps(c + r * ldc, acc[r]);
+}
+
+/* 2**f for |f| <= 1/2: exp2_poly_avx2's polynomial, sixteen lanes. */
+static inline FA_TARGET __m512 exp2_poly_avx512(__m512 f)
+{
+    __m512 p = _mm512_set1_ps(1.52527338040598e-05f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.000154035303933816f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.00133335581464284f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.00961812910762848f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.0555041086648216f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.240226506959101f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.693147180559945f));
+    return _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+}
+
+/* 2**x, sixteen lanes: exp2_avx2's algorithm lane for lane (the same bits). */
+static inline FA_TARGET __m512 exp2_avx512(__m512 x)
+{
+    const __m512 shift = _mm512_set1_ps(12582912.0f);
+    const __m512i bias = _mm512_set1_epi32(127);
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    const __m512 xc = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(128.0f)),
+                                    _mm512_set1_ps(-151.0f));
+    const __m512 y = _mm512_add_ps(xc, shift);
+    __m512 p = exp2_poly_avx512(_mm512_sub_ps(xc, _mm512_sub_ps(y, shift)));
+    const __m512i n = _mm512_sub_epi32(_mm512_castps_si512(y), _mm512_set1_epi32(0x4B400000));
+    const __m512i n1 = _mm512_srai_epi32(n, 1), n2 = _mm512_sub_epi32(n, n1);
+    p = _mm512_mul_ps(p, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n1, bias), 23)));
+    p = _mm512_mul_ps(p, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n2, bias), 23)));
+    return _mm512_mask_mov_ps(p, nan, x);
+}
+
+/* 2**x for -124 <= x <= 0 (a normal result): exp2_normal_avx2 lane for lane. */
+static inline FA_TARGET __m512 exp2_normal_avx512(__m512 x)
+{
+    const __m512 shift = _mm512_set1_ps(12582912.0f);
+    const __m512 y = _mm512_add_ps(x, shift);
+    const __m512 p = exp2_poly_avx512(_mm512_sub_ps(x, _mm512_sub_ps(y, shift)));
+    return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p),
+                                                _mm512_slli_epi32(_mm512_castps_si512(y), 23)));
+}
+
+/* The tile softmax step (see the portable versions in kernels.inc), sixteen
+ * lanes at a time: the same exponentials element for element as the AVX2
+ * variant's, summed in sixteen lanes (a fixed order of this variant's own). */
+#define FA_HAVE_TILE_SOFTMAX 1
+typedef char fa_avx512_tile_is_whole_registers[FA_BK % 16 == 0 ? 1 : -1];
+
+static FA_TARGET float tile_max_avx512(const float *s, float m)
+{
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    __mmask16 nan = 0;
+    float r;
+    int jj;
+    for (jj = 0; jj < FA_BK; jj += 16) {
+        const __m512 x = _mm512_loadu_ps(s + jj);
+        mx = _mm512_max_ps(mx, x); /* a NaN x: caught by `nan` */
+        nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    }
+    if (nan || m != m)
+        return NAN;
+    r = _mm512_reduce_max_ps(mx);
+    return r > m ? r : m;
+}
+
+/* exp(s - m) = 2**((s - m) log2 e) in place (exactly 0 for -inf) and their sum:
+ * exp2_normal_avx512 when every score above -inf lies within 85 of m (m is not
+ * NaN here: tile_max's NaN rows never get this far with a finite m). */
+static FA_TARGET double tile_exp_avx512(float *s, float m)
+{
+    const __m512 mv = _mm512_set1_ps(m), log2e = _mm512_set1_ps(FA_LOG2E);
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    __m512 sum = _mm512_setzero_ps(), mn = _mm512_set1_ps(INFINITY);
+    int jj;
+    for (jj = 0; jj < FA_BK; jj += 16) { /* the least score above -inf */
+        const __m512 x = _mm512_loadu_ps(s + jj);
+        mn = _mm512_mask_min_ps(mn, _mm512_cmp_ps_mask(x, ninf, _CMP_NEQ_UQ), mn, x);
+    }
+    if (_mm512_reduce_min_ps(mn) - m >= -85.0f) { /* false for NaN */
+        for (jj = 0; jj < FA_BK; jj += 16) {
+            const __m512 x = _mm512_loadu_ps(s + jj);
+            const __m512 p = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, ninf, _CMP_NEQ_UQ),
+                exp2_normal_avx512(_mm512_mul_ps(_mm512_sub_ps(x, mv), log2e)));
+            _mm512_storeu_ps(s + jj, p);
+            sum = _mm512_add_ps(sum, p);
+        }
+        return (double)_mm512_reduce_add_ps(sum);
+    }
+    for (jj = 0; jj < FA_BK; jj += 16) {
+        const __m512 x = _mm512_loadu_ps(s + jj);
+        const __m512 p = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, ninf, _CMP_NEQ_UQ),
+            exp2_avx512(_mm512_mul_ps(_mm512_sub_ps(x, mv), log2e)));
+        _mm512_storeu_ps(s + jj, p);
+        sum = _mm512_add_ps(sum, p);
+    }
+    return (double)_mm512_reduce_add_ps(sum);
 }
 
 #include "kernels_avx2.c"

@@ -133,8 +133,11 @@ def test_decode_strided_kv_matches_the_general_path(simd, rng):
 
 
 @pytest.mark.skipif(not {"avx2", "avx512"} <= set(PATHS), reason="needs the AVX2 and AVX-512 paths")
-def test_avx512_path_gives_the_avx2_bits(rng):
-    # the AVX-512 micro-kernel sums each product as the AVX2 one does
+def test_avx512_path_agrees_with_the_avx2_path(rng):
+    # The AVX-512 variant takes every product and every exponential as the
+    # AVX2 one does, and sums a tile's exponentials in sixteen lanes instead of
+    # eight: attention agrees to float32 rounding, the weights and softmax
+    # (no tile sums) bit for bit.
     q, k, v = qkv(rng, (2, 4, 130, 64), (2, 2, 300, 64), (2, 2, 300, 40))
     pad = (np.arange(300) < np.array([300, 77])[:, None])[:, None, None, :]
     before = fastattn.show_config(print_=False)["simd"]
@@ -147,9 +150,11 @@ def test_avx512_path_gives_the_avx2_bits(rng):
                          fastattn.softmax(q))
     finally:
         _core.select_simd(before)
-    for a, b in zip(got["avx2"], got["avx512"]):
+    for a, b in zip(got["avx2"][:2], got["avx512"][:2]):
         for x, y in zip(a if isinstance(a, tuple) else (a,), b if isinstance(b, tuple) else (b,)):
-            assert_same_bits(x, y)
+            np.testing.assert_allclose(x, y, rtol=2e-6, atol=1e-7)
+    for x, y in zip(got["avx2"][2:], got["avx512"][2:]):
+        assert_same_bits(x, y)
 
 
 def test_decode_score_options_match_the_general_path(simd, rng):
