@@ -174,7 +174,7 @@ void fa_finish_rows(const fa_attn_args *a, const fa_unit *u, int64_t Dvp, const 
             const double inv = 1.0 / L[r];
             for (d = 0; d < Dv; d++)
                 o[d] = (float)((double)acc[d] * inv);
-            lse_r = (float)((double)m + log(L[r]));
+            lse_r = lse ? (float)((double)m + log(L[r])) : 0.0f; /* the log only if asked */
         } else {
             /* the sink's exp(sink) joins the sum: both shifted by the larger */
             const double mm = sink > m ? (double)sink : (double)m;

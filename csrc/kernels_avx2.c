@@ -236,8 +236,9 @@ static FA_ALWAYS_INLINE FA_TARGET void transpose8_avx2(__m256 r[8])
 }
 
 /* kt[d * FA_BK + jj] = k row jj, element d (k: key row j0, rows rs elements of
- * dtype dt apart), converted to float32, zero for jj >= nk: the key tile
- * transposed in 8 x 8 blocks of registers. */
+ * dtype dt apart), converted to float32, zero for nk <= jj < nk rounded up to
+ * FA_NR (the micro-kernel's columns; tile_scores reads no column after those):
+ * the key tile transposed in 8 x 8 blocks of registers. */
 static FA_ALWAYS_INLINE FA_TARGET void pack_kt_dt_avx2(const void *k, int dt, int64_t rs,
                                                        int64_t D, int64_t nk, float *kt)
 {
@@ -246,7 +247,8 @@ static FA_ALWAYS_INLINE FA_TARGET void pack_kt_dt_avx2(const void *k, int dt, in
     int64_t jb, d, jj;
     int i;
 #define FA_ROW(r) (base + ((jb + (r)) * rs + d) * esz)
-    for (jb = 0; jb < FA_BK; jb += 8) {
+    const int64_t ncol = (nk + FA_NR - 1) / FA_NR * FA_NR;
+    for (jb = 0; jb < ncol; jb += 8) {
         if (jb + 8 <= nk) {
             for (d = 0; d + 8 <= D; d += 8) {
                 __m256 r[8];
