@@ -18,10 +18,12 @@
 
 #ifndef FA_HAVE_GEMM_BLOCK /* (a variant that includes this file may bring its own) */
 /* One 6 x 16 block of C = A . B in twelve ymm accumulators, one fused
- * multiply-add per element and step of d, d ascending. */
+ * multiply-add per element and step of d, d ascending; with alpha, C = C *
+ * alpha + A . B (kernels.inc's gemm_block). */
 #define FA_HAVE_GEMM_BLOCK 1
 static FA_TARGET void FA_NAME(gemm_block)(const float *a, int64_t lda, const float *b,
-                                      int64_t ldb, int64_t K, float *c, int64_t ldc)
+                                      int64_t ldb, int64_t K, float *c, int64_t ldc,
+                                      const float *alpha)
 {
     __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps();
     __m256 c10 = _mm256_setzero_ps(), c11 = _mm256_setzero_ps();
@@ -52,6 +54,16 @@ static FA_TARGET void FA_NAME(gemm_block)(const float *a, int64_t lda, const flo
         ar = _mm256_broadcast_ss(a + 5 * lda + d);
         c50 = _mm256_fmadd_ps(ar, b0, c50);
         c51 = _mm256_fmadd_ps(ar, b1, c51);
+    }
+    if (alpha) { /* c * alpha + t, two roundings */
+#define FA_ACC(row, col, t)                                                                    \
+    t = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(c + (row) * ldc + (col)),                 \
+                                    _mm256_set1_ps(alpha[row])),                              \
+                      t)
+        FA_ACC(0, 0, c00); FA_ACC(0, 8, c01); FA_ACC(1, 0, c10); FA_ACC(1, 8, c11);
+        FA_ACC(2, 0, c20); FA_ACC(2, 8, c21); FA_ACC(3, 0, c30); FA_ACC(3, 8, c31);
+        FA_ACC(4, 0, c40); FA_ACC(4, 8, c41); FA_ACC(5, 0, c50); FA_ACC(5, 8, c51);
+#undef FA_ACC
     }
     _mm256_storeu_ps(c, c00);
     _mm256_storeu_ps(c + 8, c01);

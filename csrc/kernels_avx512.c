@@ -26,10 +26,12 @@
 #endif
 
 /* One FA_MR x 16 block of C = A . B: row r of A broadcast, one row of B per
- * step of d loaded once for all the rows. */
+ * step of d loaded once for all the rows; with alpha, C = C * alpha + A . B
+ * (kernels.inc's gemm_block). */
 #define FA_HAVE_GEMM_BLOCK 1
 static FA_TARGET void gemm_block_avx512(const float *a, int64_t lda, const float *b,
-                                        int64_t ldb, int64_t K, float *c, int64_t ldc)
+                                        int64_t ldb, int64_t K, float *c, int64_t ldc,
+                                        const float *alpha)
 {
     __m512 acc[FA_MR];
     int64_t d;
@@ -41,6 +43,10 @@ static FA_TARGET void gemm_block_avx512(const float *a, int64_t lda, const float
         for (r = 0; r < FA_MR; r++)
             acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(a[r * lda + d]), bv, acc[r]);
     }
+    if (alpha) /* c * alpha + t, two roundings */
+        for (r = 0; r < FA_MR; r++)
+            acc[r] = _mm512_add_ps(
+                _mm512_mul_ps(_mm512_loadu_ps(c + r * ldc), _mm512_set1_ps(alpha[r])), acc[r]);
     for (r = 0; r < FA_MR; r++)
         _mm512_storeu_ps(c + r * ldc, acc[r]);
 }
@@ -49,7 +55,8 @@ static FA_TARGET void gemm_block_avx512(const float *a, int64_t lda, const float
  * per element as gemm_block_avx512, one broadcast of A for two products. */
 #define FA_HAVE_GEMM_BLOCK2 1
 static FA_TARGET void gemm_block2_avx512(const float *a, int64_t lda, const float *b,
-                                         int64_t ldb, int64_t K, float *c, int64_t ldc)
+                                         int64_t ldb, int64_t K, float *c, int64_t ldc,
+                                         const float *alpha)
 {
     __m512 acc0[FA_MR], acc1[FA_MR];
     int64_t d;
@@ -64,6 +71,13 @@ static FA_TARGET void gemm_block2_avx512(const float *a, int64_t lda, const floa
             acc1[r] = _mm512_fmadd_ps(ar, b1, acc1[r]);
         }
     }
+    if (alpha) /* c * alpha + t, two roundings */
+        for (r = 0; r < FA_MR; r++) {
+            const __m512 al = _mm512_set1_ps(alpha[r]);
+            acc0[r] = _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(c + r * ldc), al), acc0[r]);
+            acc1[r] = _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(c + r * ldc + 16), al),
+                                    acc1[r]);
+        }
     for (r = 0; r < FA_MR; r++) {
         _mm512_storeu_ps(c + r * ldc, acc0[r]);
         _mm512_storeu_ps(c + r * ldc + 16, acc1[r]);
