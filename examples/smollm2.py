@@ -39,7 +39,9 @@ Run it::
 It streams the text as it is generated, then prints the tokens/s of the
 prefill and of the decode and how their time splits between attention,
 matrix products and the rest. ``--threads N`` sets the threads of both
-fastattn (OpenMP) and NumPy's BLAS (through threadpoolctl).
+fastattn (OpenMP) and NumPy's BLAS (through threadpoolctl); the decoding
+steps run NumPy's BLAS on one thread unless ``--decode-blas-threads`` says
+otherwise (see :func:`generate`).
 
 The functions :func:`load_model`, :func:`encode`, :func:`decode` and
 :func:`generate` are the importable interface (``tests/test_smollm2.py``,
@@ -52,10 +54,12 @@ import math
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 import fastattn
 
@@ -619,13 +623,32 @@ def rope_tables(config, positions):
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
 
+def _rope_table(config):
+    """:func:`rope_tables` for every position of the context, computed once per config.
+
+    The decoding steps slice it instead of recomputing their row (the same
+    float32 values: each row depends only on its position).
+    """
+    table = _ROPE_TABLES.get(config)
+    if table is None:
+        table = _ROPE_TABLES[config] = rope_tables(config, np.arange(config.context_length))
+    return table
+
+
+_ROPE_TABLES = {}
+
+
 def _rope(x, cos, sin):
-    """Rotate each head's two halves (Hugging Face's ``rotate_half`` form), x (T, heads, D)."""
+    """Rotate each head's two halves (Hugging Face's ``rotate_half`` form), x (T, heads, D).
+
+    ``x * cos + rotate_half(x) * sin`` with ``rotate_half(x) = (-x2, x1)``,
+    written as three products into one new array (the same roundings).
+    """
     half = x.shape[-1] // 2
-    rotated = np.empty_like(x)
-    rotated[..., :half] = -x[..., half:]
-    rotated[..., half:] = x[..., :half]
-    return x * cos + rotated * sin
+    out = x * cos
+    out[..., :half] -= x[..., half:] * sin[..., :half]
+    out[..., half:] += x[..., :half] * sin[..., half:]
+    return out
 
 
 def forward(model, ids, cache, *, all_logits=False, attention=None, on_attention=None,
@@ -669,9 +692,9 @@ def forward(model, ids, cache, *, all_logits=False, attention=None, on_attention
                                                          enable_gqa=True)
     cache.reserve(T)
     start = cache.length
-    cos, sin = rope_tables(c, np.arange(start, start + T))
-    H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
-    q_end, k_end = H * D, (H + Hkv) * D
+    cos, sin = (t[start:start + T] for t in _rope_table(c))
+    H, Hkv, D, F = c.n_heads, c.n_kv_heads, c.head_dim, c.ffn
+    k_end = (H + Hkv) * D
 
     def matmul(a, w):
         t0 = _clock()
@@ -679,27 +702,29 @@ def forward(model, ids, cache, *, all_logits=False, attention=None, on_attention
         timer.add("matmul", _clock() - t0)
         return r
 
-    x = p["embed"][ids]
+    x = p["embed"][ids]  # a new array (fancy indexing): the residual stream, updated in place
     for i in range(c.n_layers):
         h = _rms_norm(x, p[f"{i}.attn_norm"], c.rms_eps)
-        qkv = matmul(h, p[f"{i}.qkv"])
-        q = _rope(qkv[:, :q_end].reshape(T, H, D), cos, sin)
-        k = _rope(qkv[:, q_end:k_end].reshape(T, Hkv, D), cos, sin)
-        v = qkv[:, k_end:].reshape(T, Hkv, D)
-        k_all, v_all = cache.write(i, k.transpose(1, 0, 2), v.transpose(1, 0, 2))
-        q = q.transpose(1, 0, 2)  # (H, T, D)
+        qkv = matmul(h, p[f"{i}.qkv"])  # q, k and v projections in one product
+        qk = _rope(qkv[:, :k_end].reshape(T, H + Hkv, D), cos, sin)  # q and k heads together
+        k_all, v_all = cache.write(i, qk[:, H:].transpose(1, 0, 2),
+                                   qkv[:, k_end:].reshape(T, Hkv, D).transpose(1, 0, 2))
+        q = qk[:, :H].transpose(1, 0, 2)  # (H, T, D)
         if on_attention is not None:
             on_attention(i, q, k_all)
         t0 = _clock()
         o = attention(q, k_all, v_all)
         timer.add("attention", _clock() - t0)
-        x = x + matmul(o.transpose(1, 0, 2).reshape(T, H * D), p[f"{i}.o"])
+        x += matmul(o.transpose(1, 0, 2).reshape(T, H * D), p[f"{i}.o"])
         h = _rms_norm(x, p[f"{i}.ffn_norm"], c.rms_eps)
-        gate_up = matmul(h, p[f"{i}.gate_up"])
-        gate, up = gate_up[:, :c.ffn], gate_up[:, c.ffn:]
-        # SwiGLU (Shazeer 2020): silu(gate) * up, silu(g) = g * sigmoid(g)
-        act = gate / (np.float32(1.0) + np.exp(-gate)) * up
-        x = x + matmul(act, p[f"{i}.down"])
+        gate_up = matmul(h, p[f"{i}.gate_up"])  # gate and up projections in one product
+        # SwiGLU (Shazeer 2020): silu(gate) * up, silu(g) = g / (1 + exp(-g)), in one buffer
+        act = np.negative(gate_up[:, :F])
+        np.exp(act, out=act)
+        act += np.float32(1.0)
+        np.divide(gate_up[:, :F], act, out=act)
+        act *= gate_up[:, F:]
+        x += matmul(act, p[f"{i}.down"])
     cache.length = start + T
     x = _rms_norm(x if all_logits else x[-1:], p["norm"], c.rms_eps)
     return matmul(x, p["lm_head"].T)
@@ -743,7 +768,7 @@ def sample(logits, temperature, top_p, rng):
 
 def generate(model, ids, max_new_tokens, *, temperature=0.0, top_p=1.0, seed=None,
              stop_at_eos=True, stream=None, kv_dtype=np.float32, timings=None,
-             on_attention=None):
+             on_attention=None, decode_blas_threads=1):
     """Continue a prompt: prefill it, then decode one token at a time.
 
     Parameters
@@ -777,6 +802,16 @@ def generate(model, ids, max_new_tokens, *, temperature=0.0, top_p=1.0, seed=Non
         Filled with the prefill and decode times and their split.
     on_attention : callable, optional
         Passed to :func:`forward`.
+    decode_blas_threads : int or None, default 1
+        Threads of NumPy's BLAS while decoding (a ``threadpoolctl``
+        limit around the decoding loop, lifted when it ends; the prefill
+        keeps the caller's setting). A decoding step's matrix products are
+        matrix-vector products (one row times a 576-wide weight matrix),
+        limited by how fast the weights stream from memory: OpenBLAS's second
+        thread gains little on them, and on a machine whose other cores are
+        busy it makes them many times slower (each product waits for a
+        thread that is not scheduled). ``None`` keeps the caller's setting.
+        fastattn's own threads are not affected.
 
     Returns
     -------
@@ -811,6 +846,10 @@ def generate(model, ids, max_new_tokens, *, temperature=0.0, top_p=1.0, seed=Non
         raise ValueError(f"temperature must be a finite float >= 0, got {temperature!r}")
     if not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+    if decode_blas_threads is not None and (not isinstance(decode_blas_threads, (int, np.integer))
+                                            or decode_blas_threads < 1):
+        raise ValueError(f"decode_blas_threads must be None or an int >= 1, "
+                         f"got {decode_blas_threads!r}")
     total = len(prompt) + int(max_new_tokens)
     if total > c.context_length:
         raise ValueError(f"the prompt ({len(prompt)} tokens) plus max_new_tokens "
@@ -830,17 +869,19 @@ def generate(model, ids, max_new_tokens, *, temperature=0.0, top_p=1.0, seed=Non
     timer.add("total", _clock() - t0)
     timer.add("tokens", len(prompt))
     timer.phase = "decode"
-    while True:
-        out.append(token)
-        if stream is not None:
-            stream(token)
-        if len(out) == total or (stop_at_eos and token == model.eos_token_id):
-            return out
-        t0 = _clock()
-        logits = forward(model, [token], cache, timings=timer, on_attention=on_attention)
-        token = sample(logits[-1], temperature, top_p, rng)
-        timer.add("total", _clock() - t0)
-        timer.add("tokens", 1)
+    with (nullcontext() if decode_blas_threads is None
+          else threadpool_limits(int(decode_blas_threads), user_api="blas")):
+        while True:
+            out.append(token)
+            if stream is not None:
+                stream(token)
+            if len(out) == total or (stop_at_eos and token == model.eos_token_id):
+                return out
+            t0 = _clock()
+            logits = forward(model, [token], cache, timings=timer, on_attention=on_attention)
+            token = sample(logits[-1], temperature, top_p, rng)
+            timer.add("total", _clock() - t0)
+            timer.add("tokens", 1)
 
 
 # ------------------------------------------------------------ attention plot
@@ -961,6 +1002,9 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=None, help="sampling seed")
     parser.add_argument("--threads", type=int, default=None,
                         help="threads of fastattn and of NumPy's BLAS (default: theirs)")
+    parser.add_argument("--decode-blas-threads", type=int, default=1,
+                        help="NumPy's BLAS threads while decoding (default: %(default)s; 0: "
+                             "those of --threads; see generate's decode_blas_threads)")
     parser.add_argument("--kv-dtype", choices=("float32", "float16", "bfloat16"),
                         default="float32",
                         help="element type of the KV cache (default: %(default)s; bfloat16 "
@@ -979,6 +1023,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.max_new_tokens < 0:
         parser.error("--max-new-tokens must be >= 0")
+    if args.decode_blas_threads < 0:
+        parser.error("--decode-blas-threads must be >= 0")
 
     try:
         model = load_model(args.model)
@@ -995,8 +1041,6 @@ def main(argv=None):
 
     text = chat_prompt(model, args.prompt, system=args.system) if args.chat else args.prompt
     ids = encode(model, text)
-    from threadpoolctl import threadpool_limits
-
     recorder = AttentionRecorder(layer, heads) if args.attention_png else None
     timings = Timings()
     print(f"{model.name}: {c.n_layers} layers, {c.n_heads} heads / {c.n_kv_heads} kv heads x "
@@ -1008,7 +1052,8 @@ def main(argv=None):
         try:
             out = generate(model, ids, args.max_new_tokens, temperature=args.temperature,
                            top_p=args.top_p, seed=args.seed, stream=_Streamer(model),
-                           kv_dtype=args.kv_dtype, timings=timings, on_attention=recorder)
+                           kv_dtype=args.kv_dtype, timings=timings, on_attention=recorder,
+                           decode_blas_threads=args.decode_blas_threads or None)
         except ValueError as exc:
             print(f"\nerror: {exc}", file=sys.stderr)
             return 2
