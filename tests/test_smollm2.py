@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from threadpoolctl import threadpool_info, threadpool_limits
 
 import fastattn
 from fastattn import reference
@@ -397,6 +398,32 @@ def test_generate_rejects_bad_arguments(tiny):
         smollm2.generate(tiny, [5], 2, temperature=-1.0)
     with pytest.raises(ValueError, match="top_p"):
         smollm2.generate(tiny, [5], 2, top_p=0.0)
+    for bad in (0, -1, 1.5, "2"):
+        with pytest.raises(ValueError, match="decode_blas_threads"):
+            smollm2.generate(tiny, [5], 2, decode_blas_threads=bad)
+
+
+def _blas_threads():
+    return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+
+
+def test_decoding_runs_blas_on_the_threads_asked_for_and_restores_them(tiny):
+    if not _blas_threads():
+        pytest.skip("threadpoolctl sees no BLAS library in this process")
+    prompt = [5, 9, 11, 40]
+    with threadpool_limits(2, user_api="blas"):
+        before = _blas_threads()
+        seen = []
+        out = smollm2.generate(tiny, prompt, 6, stop_at_eos=False,
+                               stream=lambda t: seen.append(_blas_threads()))
+        assert len(seen) == 6 and all(s == [1] * len(before) for s in seen)
+        assert _blas_threads() == before
+        seen.clear()
+        kept = smollm2.generate(tiny, prompt, 6, stop_at_eos=False, decode_blas_threads=None,
+                                stream=lambda t: seen.append(_blas_threads()))
+        assert all(s == before for s in seen)
+    # the thread count changes how fast, not what
+    assert kept == out
 
 
 def test_prompt_beyond_the_context_is_an_error(tiny):
