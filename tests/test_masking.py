@@ -303,3 +303,39 @@ def test_poisoned_masked_keys_in_attention_weights(rng):
     k[2] = np.nan
     assert_same_bits(weights(q, k, mask, is_causal=True), clean)
     assert np.isfinite(clean).all()
+
+
+@pytest.mark.parametrize("S", [300, 1100, 2200])
+def test_bool_mask_false_runs_at_both_ends_over_many_tiles(rng, S):
+    # Key padding (trailing False) and a left pad (leading False) spanning
+    # several 64-key tiles and key chunks: the rows' key ranges are cut to the
+    # allowed span, which must give the bits of the whole computation (the
+    # poisoned masked keys would show if they were read), every row alone as
+    # in the batch, the same for any thread count.
+    B, H, L, D = 3, 2, 20, 16
+    q, k, v = qkv(rng, (B, H, L, D), (B, H, S, D), (B, H, S, 8))
+    starts, ends = np.array([0, 70, 130]), np.array([S, S - 200, S // 2])
+    keys = np.arange(S)
+    mask = ((keys >= starts[:, None]) & (keys < ends[:, None]))[:, None, None, :]
+    row_mask = np.broadcast_to(mask, (B, H, L, S)).copy()
+    row_mask[0, 0, 3] = False  # one row with no allowed key
+    for m in (mask, row_mask):
+        clean = sdpa(q, k, v, m, return_lse=True)
+        k2, v2 = k.copy(), v.copy()
+        k2[~np.broadcast_to(m, (B, H, L, S)).any(axis=2)] = np.nan
+        v2[~np.broadcast_to(m, (B, H, L, S)).any(axis=2)] = np.inf
+        dirty = sdpa(q, k2, v2, m, return_lse=True)
+        assert_same_bits(dirty[0], clean[0])
+        assert_same_bits(dirty[1], clean[1])
+        want = fastattn.reference.scaled_dot_product_attention(
+            q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), m)
+        assert_close(clean[0], want)
+        for t in (1, 3):
+            fastattn.set_num_threads(t)
+            try:
+                assert_same_bits(sdpa(q, k, v, m), clean[0])
+            finally:
+                fastattn.set_num_threads(None)
+        alone = sdpa(q[2:, :, 5:6], k[2:], v[2:], m[2:, :, 5:6] if m.shape[2] > 1 else m[2:])
+        assert_same_bits(alone, clean[0][2:, :, 5:6])
+    assert (clean[0][0, 0, 3] == 0).all()
