@@ -19,9 +19,9 @@ from fastattn._validate import as_bool, attention_inputs
 
 
 def general(q, k, v, mask=None, is_causal=False, scale=None, enable_gqa=False,
-            return_lse=False):
+            return_lse=False, window=None):
     """The general path, bypassing the fast one."""
-    a = attention_inputs(q, k, v, mask, is_causal, None, scale, enable_gqa)
+    a = attention_inputs(q, k, v, mask, is_causal, window, scale, enable_gqa)
     out = np.empty(a.batch + (a.L, a.Dv), np.float32)
     return_lse = as_bool(return_lse, "return_lse")
     lse = np.empty(a.batch + (a.L,), np.float32) if return_lse else None
@@ -30,8 +30,9 @@ def general(q, k, v, mask=None, is_causal=False, scale=None, enable_gqa=False,
 
 
 def plain(q, k, v, mask=None, is_causal=False, scale=None, enable_gqa=False,
-          return_lse=False, nthreads=2):
-    return _core.sdpa_plain(q, k, v, mask, is_causal, scale, enable_gqa, return_lse, nthreads)
+          return_lse=False, window=None, nthreads=2):
+    return _core.sdpa_plain(q, k, v, mask, is_causal, window, scale, enable_gqa, return_lse,
+                            nthreads)
 
 
 def f32(rng, *shape):
@@ -62,6 +63,12 @@ FAST_CASES = [
     ((4, 4, 9, 8), (4, 1, 9, 8), (4, 1, 9, 8), None, None, {"enable_gqa": True}),
     ((2, 2, 40, 24), (2, 2, 40, 24), (2, 2, 40, 24), None, None,
      {"return_lse": True, "scale": 0.0}),
+    ((2, 3, 70, 16), (2, 3, 150, 16), (2, 3, 150, 16), None, None, {"window": (20, 0)}),
+    ((2, 3, 70, 16), (2, 3, 150, 16), (2, 3, 150, 16), (2, 1, 1, 150), bool,
+     {"window": (None, 5), "is_causal": True}),
+    ((1, 4, 9, 16), (1, 2, 90, 16), (1, 2, 90, 16), None, None,
+     {"window": (10**30, 3), "enable_gqa": True, "return_lse": True}),  # clamped
+    ((1, 1, 9, 16), (1, 1, 9, 16), (1, 1, 9, 16), None, None, {"window": (None, None)}),
 ]
 
 
@@ -178,6 +185,13 @@ def _bypass_cases(rng):
         ("scale inf", (q, q, q), {"scale": float("inf")}),
         ("scale nan", (q, q, q), {"scale": float("nan")}),
         ("scale beyond float32", (q, q, q), {"scale": 1e39}),
+        ("window a list", (q, q, q), {"window": [1, 0]}),
+        ("window of one side", (q, q, q), {"window": (1,)}),
+        ("window side negative", (q, q, q), {"window": (-1, 0)}),
+        ("window side a bool", (q, q, q), {"window": (True, 0)}),
+        ("window side numpy", (q, q, q), {"window": (np.int64(2), 0)}),
+        ("window side a float", (q, q, q), {"window": (None, 1.0)}),
+        ("window an int", (q, q, q), {"window": 3}),
     ]
 
 
@@ -217,3 +231,13 @@ def test_the_first_call_does_not_import_numpy_ma():
     if before == "True":
         pytest.skip("this NumPy imports numpy.ma with numpy")
     assert after == "False"
+
+
+def test_convenience_functions_take_the_fast_path_with_the_same_bits(rng):
+    q, k, v = f32(rng, 2, 3, 40, 16), f32(rng, 2, 3, 100, 16), f32(rng, 2, 3, 100, 8)
+    for got, want in [
+        (fastattn.causal_attention(q, k, v), general(q, k, v, is_causal=True)),
+        (fastattn.sliding_window_attention(q, k, v, 7), general(q, k, v, window=(6, 0))),
+    ]:
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert plain(q, k, v, window=(6, 0)) is not None

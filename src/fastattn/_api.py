@@ -560,11 +560,11 @@ _NEW_KEYWORDS = """softcap : float, optional
 
 def _sdpa(q, k, v, attn_mask, is_causal, window, scale, softcap, alibi_slopes, sinks,
           segment_ids, enable_gqa, return_lse, out):
-    if (window is None and softcap is None and alibi_slopes is None and sinks is None
-            and segment_ids is None and out is None):
-        # The common call (ndarrays already float32 and C-contiguous, at most a
-        # mask) in one step; None when it does not apply (see _core.sdpa_plain).
-        result = _core.sdpa_plain(q, k, v, attn_mask, is_causal, scale, enable_gqa,
+    if (softcap is None and alibi_slopes is None and sinks is None and segment_ids is None
+            and out is None):
+        # The common call (float32 ndarrays with contiguous rows, at most a mask)
+        # in one step; None when it does not apply (see _core.sdpa_plain).
+        result = _core.sdpa_plain(q, k, v, attn_mask, is_causal, window, scale, enable_gqa,
                                   return_lse, get_num_threads())
         if result is not None:
             return result

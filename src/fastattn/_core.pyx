@@ -312,7 +312,21 @@ cdef inline bint _is_bool(object x):
     return x is True or x is False
 
 
-def sdpa_plain(q, k, v, mask, is_causal, scale, enable_gqa, return_lse, int nthreads):
+cdef bint _window_side(object side, int64_t bound, int64_t *out):
+    """A window side as the general path takes it (fastattn._validate.check_window):
+    None -> -1 (unbounded), an int >= 0 (not a bool) -> min(side, bound); 0 for
+    anything else (the general path then checks it)."""
+    if side is None:
+        out[0] = -1
+        return 1
+    if type(side) is not int or side < 0:
+        return 0
+    out[0] = bound if side > bound else side
+    return 1
+
+
+def sdpa_plain(q, k, v, mask, is_causal, window, scale, enable_gqa, return_lse,
+               int nthreads):
     """scaled_dot_product_attention for the common case, or None where it does not apply.
 
     Applies when q, k and v are aligned, native float32 numpy.ndarrays (no
@@ -323,8 +337,9 @@ def sdpa_plain(q, k, v, mask, is_causal, scale, enable_gqa, return_lse, int nthr
     = v's), every dimension >= 1, D equal and v's rows those of k; mask None
     or a C-contiguous ndarray of bool or float32 that broadcasts to
     q.shape[:-1] + (S,) with no more dimensions; is_causal, enable_gqa and
-    return_lse Python bools; scale None or a finite Python float within
-    float32's range. The caller passes no other option. Anything else
+    return_lse Python bools; window None or a tuple of two sides, each None or
+    a Python int >= 0; scale None or a finite Python float within float32's
+    range. The caller passes no other option. Anything else
     returns None, for the general path (fastattn._validate and
     _api._run_attention) to convert and check, with its errors: this path
     never raises on its arguments. It gives the kernel exactly the arguments
@@ -334,6 +349,7 @@ def sdpa_plain(q, k, v, mask, is_causal, scale, enable_gqa, return_lse, int nthr
     cdef Py_buffer qb, kb, vb, mb, ob, lb
     cdef int held = 0, status = FA_OK, i, nd, nb, mnd, gqa
     cdef int64_t L, S, D, Dv, nbatch = 1, group = 1, j, r, c, n, qo, ko, vo, mo
+    cdef int64_t win_left = -1, win_right = -1
     cdef int64_t qst[64]
     cdef int64_t kst[64]
     cdef int64_t vst[64]
@@ -369,6 +385,12 @@ def sdpa_plain(q, k, v, mask, is_causal, scale, enable_gqa, return_lse, int nthr
         S, Dv = kb.shape[nd - 2], vb.shape[nd - 1]
         if L < 1 or S < 1 or D < 1 or Dv < 1 or kb.shape[nd - 1] != D or vb.shape[nd - 2] != S:
             return None
+        if window is not None:
+            # A side wider than any query-key distance is unbounded: clamped to L + S.
+            if (type(window) is not tuple or len(window) != 2
+                    or not _window_side(window[0], L + S, &win_left)
+                    or not _window_side(window[1], L + S, &win_right)):
+                return None
         for i in range(nb - gqa):
             n = qb.shape[i]
             if n < 1 or kb.shape[i] not in (1, n) or vb.shape[i] not in (1, n):
@@ -453,8 +475,8 @@ def sdpa_plain(q, k, v, mask, is_causal, scale, enable_gqa, return_lse, int nthr
             a.mask_sl = mst[nd - 2]
             a.mask_ss = mst[nd - 1]
         a.is_causal = is_causal is True
-        a.win_left = -1
-        a.win_right = -1
+        a.win_left = win_left
+        a.win_right = win_right
         if scale is None:
             sc = 1.0 / sqrt(<double>D)  # as fastattn._validate.check_scale, in double
         a.scale = <float>sc
