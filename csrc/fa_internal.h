@@ -191,6 +191,19 @@ static inline const void *fa_kv_tile(const fa_attn_args *a, int64_t b, int v, in
     return (const char *)(v ? a->v : a->k) + off * (int64_t)fa_dtype_size(dt);
 }
 
+/* Asks the cache for the line at byte offset `off` from p, which may lie past
+ * the array (the tile after the last: a prefetch never faults, and the address
+ * is formed as an integer). A hint only: no result depends on it. */
+static inline void fa_prefetch(const void *p, int64_t off)
+{
+#if defined(__GNUC__) || defined(__clang__)
+    __builtin_prefetch((const void *)((uintptr_t)p + (uintptr_t)off), 0, 3);
+#else
+    (void)p;
+    (void)off;
+#endif
+}
+
 /* exp(x) = 2**(x log2 e): the attention kernels keep their scores in natural
  * units (a finite score stays finite) and move only differences s - m <= 0 to
  * base 2, inside the exponential. */

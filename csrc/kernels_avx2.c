@@ -352,6 +352,8 @@ static FA_ALWAYS_INLINE FA_TARGET void few_scores_n_avx2(const float *q, const i
                                                          int64_t D, int64_t nk, float *s)
 {
     const int64_t esz = (int64_t)fa_dtype_size(dt);
+    /* a full tile: the rows of the tile that follows are fetched ahead */
+    const int64_t ahead = nk == FA_BK ? FA_BK * rs * esz : 0;
     int64_t jb, d;
     int r, i;
     for (jb = 0; jb < nk; jb += 8) {
@@ -363,6 +365,9 @@ static FA_ALWAYS_INLINE FA_TARGET void few_scores_n_avx2(const float *q, const i
             acc[r] = _mm256_setzero_ps();
         for (d = 0; d + 8 <= D; d += 8) {
             __m256 c[8];
+            if (ahead && ((d * esz) & 63) == 0)
+                for (i = 0; i < 8; i++)
+                    fa_prefetch(kr[i], ahead + d * esz);
             for (i = 0; i < 8; i++)
                 c[i] = load8_avx2(kr[i] + d * esz, dt);
             transpose8_avx2(c);
