@@ -14,11 +14,13 @@
  *   l' = alpha l + sum_j p_j,  acc' = alpha acc + sum_j p_j v_j,
  * and finally o = acc / l, lse = m + log(l). Keys are reduced in chunks of
  * FA_CK from key 0 (the online softmax within a chunk, then the chunks' results
- * folded in chunk order: fa_merge_chunk); when there are too few units to
- * occupy the threads (decoding: one query row per head), each chunk of a
- * unit is a work item of its own, and the partials are folded afterwards in
- * the same order, with the same bits. Working memory is O(threads x tile),
- * plus the partials of split units (capped at FA_MAX_PARTIAL bytes).
+ * folded in chunk order: fa_merge_chunk); a unit that holds too large a share
+ * of the work for the threads (decoding: one query row per head) has each of
+ * its chunks as a work item of its own, and the partials are folded
+ * afterwards in the same order, with the same bits. One thread policy
+ * (plan_build, plan_run) serves SDPA, the weights and packed batches.
+ * Working memory is O(threads x tile), plus the partials of split units
+ * (capped at FA_MAX_PARTIAL bytes).
  */
 #include "fa_kernels.h"
 #include "fa_internal.h"
@@ -279,7 +281,7 @@ static fa_units unit_geometry(const fa_attn_args *a)
     g.nq = FA_BQ / g.nh;                       /* query rows per head */
     g.nq = a->L < g.nq ? (a->L > 0 ? a->L : 1) : g.nq;
     g.nqt = (a->L + g.nq - 1) / g.nq;          /* query tiles */
-    g.nunits = (a->nbatch / g.G) * g.nhs * g.nqt;
+    g.nunits = a->L > 0 ? (a->nbatch / g.G) * g.nhs * g.nqt : 0;
     return g;
 }
 
@@ -298,46 +300,260 @@ static fa_unit unit_at(const fa_attn_args *a, const fa_units *g, int64_t n, int6
     return u;
 }
 
-/* Runs the SDPA (weights == NULL) or weights kernel over every work unit. */
-static int run_units(const fa_attn_args *a, float *out, float *lse, float *weights,
-                     int nthreads)
+/* The keys [*lo, *hi) that some row of unit u may see (causal and window
+ * bounds; a superset of the rows' own bounds). */
+static void unit_keys(const fa_attn_args *a, const fa_unit *u, int64_t *lo, int64_t *hi)
 {
-    const fa_kernel_table *kern = fa_active_kernels();
-    const int64_t nchunks = a->S > FA_CK ? (a->S + FA_CK - 1) / FA_CK : 1;
-    double work = (double)a->nbatch * (double)a->L * (double)(a->S > 0 ? a->S : 1)
-                  * (double)(a->D + a->Dv);
-    const fa_units g = unit_geometry(a);
-    int64_t nrmax = g.nh * g.nq, Dvp = (a->Dv + FA_NR - 1) / FA_NR * FA_NR, nitems;
-    float *pm = NULL, *pacc = NULL;
-    double *pl = NULL;
-    int status = FA_OK, split = 0;
-    int nt;
-    if (g.nunits == 0)
-        return FA_OK;
-    nt = fa_threads_for(nthreads, work, g.nunits);
-    if (!weights && nchunks > 1) { /* too few units for the threads: split them by chunk */
-        const int nt_split = fa_threads_for(nthreads, work, g.nunits * nchunks);
-        const double items = (double)g.nunits * (double)nchunks;
-        if (nt_split > nt && g.nunits < 4 * (int64_t)nt_split
-            && items * (double)nrmax * ((double)Dvp * 4.0 + 12.0) <= FA_MAX_PARTIAL) {
-            const size_t rows = (size_t)(g.nunits * nchunks * nrmax);
-            pm = (float *)malloc(rows * sizeof(float));
-            pl = (double *)malloc(rows * sizeof(double));
-            pacc = (float *)malloc(rows * (size_t)Dvp * sizeof(float) + sizeof(float));
-            split = pm && pl && pacc; /* else: whole units (the same bits) */
-            if (split)
-                nt = nt_split;
+    const int64_t p_first = u->i0 + a->S - a->L, p_last = p_first + u->nq - 1;
+    int64_t l = 0, h = a->S;
+    if (a->is_causal && p_last + 1 < h)
+        h = p_last + 1;
+    if (a->win_right >= 0 && p_last + a->win_right + 1 < h)
+        h = p_last + a->win_right + 1;
+    if (a->win_left >= 0 && p_first - a->win_left > l)
+        l = p_first - a->win_left;
+    *lo = l;
+    *hi = h > l ? h : l;
+}
+
+/*
+ * The thread policy, one for every operation: the work of one or more
+ * problems (an SDPA or weights call; the sequences of a packed batch), each
+ * a fa_attn_args with its own units, goes into one list of work items that
+ * the threads take in order (dynamically). An item is a unit, or, for a unit
+ * that holds too large a share of the work for the threads to end together
+ * (decoding: one query row per head), one key chunk of a run of such units
+ * of the same problem, each into its own partial; the partials are folded
+ * in chunk order afterwards, with the bits of the whole unit.
+ *
+ * Order: the problems by their cost, the biggest first (stable); within a
+ * problem, its units in unit_at order (the units of one head slice
+ * together, the last query tiles first), which is the order of a separate
+ * call on that problem; split units' chunks chunk by chunk across the units
+ * of a run, so that one thread reads the rows of several heads at the same
+ * keys (in a (B, S, H, D) layout they share memory pages).
+ */
+typedef struct {
+    const fa_attn_args *a;
+    fa_units g;
+    double cost;   /* the sum of its units' costs */
+    int64_t index; /* its place in the caller's list (ties in the order) */
+} fa_problem;
+
+/* Units [n, n_end) of problem p: unit n whole (chunk < 0, n_end = n + 1), or
+ * key chunk `chunk` of each, into partial slots slot + (n' - n) span +
+ * (chunk - c_lo), span = c_hi - c_lo (nrmax rows each). */
+typedef struct {
+    int64_t p, n, n_end, chunk, c_lo, c_hi, slot;
+} fa_item;
+
+typedef struct {
+    const fa_problem *pr;
+    int64_t nprob;
+    fa_item *items; /* nitems work items, then nfold fold items (split runs) */
+    int64_t nitems, nfold;
+    int64_t nrmax, Dvp; /* partials: rows per slot (the largest unit), floats per row */
+    float *pm, *pacc;
+    double *pl;
+} fa_plan;
+
+/* Rows of unit u times the keys they may see: its cost. */
+static double unit_cost(const fa_attn_args *a, const fa_unit *u)
+{
+    int64_t lo, hi;
+    unit_keys(a, u, &lo, &hi);
+    return (double)(u->nh * u->nq) * (double)(hi - lo) + 1.0;
+}
+
+/* 1 if unit u (of cost c, out of `total`) is to be split into its key
+ * chunks: it holds more than 1/(4 nt_max) of the work (nt_max threads at
+ * most), or it has few rows (decoding) and the rows of k or v lie apart (a
+ * (B, S, H, D) layout: a run of such units then reads, chunk by chunk, the
+ * rows of several heads that share memory pages, where the hardware
+ * prefetchers would fetch the neighbouring heads' rows for nothing). */
+static int split_unit(const fa_attn_args *a, const fa_unit *u, double c, double total,
+                      int nt_max)
+{
+    if (nt_max >= 2 && c * 4.0 * (double)nt_max > total)
+        return 1;
+    return u->nh * u->nq <= FA_FEW_ROWS && (a->k_rs != a->D || (a->Dv > 0 && a->v_rs != a->Dv));
+}
+
+static int problem_cmp(const void *x, const void *y)
+{
+    const fa_problem *p = (const fa_problem *)x, *q = (const fa_problem *)y;
+    if (p->cost != q->cost)
+        return p->cost > q->cost ? -1 : 1;
+    return p->index < q->index ? -1 : (p->index > q->index ? 1 : 0);
+}
+
+static void plan_free(fa_plan *pl)
+{
+    free((void *)pl->pr);
+    free(pl->items);
+    free(pl->pm);
+    free(pl->pl);
+    free(pl->pacc);
+}
+
+/* The plan for problems a[0..nprob) (each checked by check_args); split: 0
+ * for whole units only (weights). *nt: the threads to use. */
+static int plan_build(const fa_attn_args *a, int64_t nprob, int split, int nthreads,
+                      fa_plan *pl, int *nt)
+{
+    fa_problem *pr;
+    double work = 0.0, total = 0.0, budget = FA_MAX_PARTIAL;
+    int64_t p, n, m, nunits = 0, nitems = 0, nfold = 0, nslots = 0, cap;
+    int nt_max;
+    memset(pl, 0, sizeof *pl);
+    pl->Dvp = nprob > 0 ? (a[0].Dv + FA_NR - 1) / FA_NR * FA_NR : 0;
+    if ((uint64_t)nprob > SIZE_MAX / sizeof(fa_problem))
+        return FA_ERR_NOMEM;
+    pr = (fa_problem *)malloc((size_t)nprob * sizeof *pr + 1);
+    if (!pr)
+        return FA_ERR_NOMEM;
+    pl->pr = pr;
+    for (p = 0; p < nprob; p++) {
+        const fa_attn_args *q = &a[p];
+        pr[p].a = q;
+        pr[p].g = unit_geometry(q);
+        pr[p].index = p;
+        pr[p].cost = 0.0;
+        for (n = 0; n < pr[p].g.nunits; n++) {
+            const fa_unit u = unit_at(q, &pr[p].g, n, -1);
+            pr[p].cost += unit_cost(q, &u);
+        }
+        nunits += pr[p].g.nunits;
+        total += pr[p].cost;
+        if (pr[p].g.nunits > 0)
+            work += (double)q->nbatch * (double)q->L * (double)(q->S > 0 ? q->S : 1)
+                    * (double)(q->D + q->Dv);
+        if (pr[p].g.nh * pr[p].g.nq > pl->nrmax)
+            pl->nrmax = pr[p].g.nh * pr[p].g.nq;
+    }
+    qsort(pr, (size_t)nprob, sizeof *pr, problem_cmp);
+    pl->nprob = nprob;
+    *nt = fa_threads_for(nthreads, work, nunits);
+    /* the threads there would be if the units were cut small enough */
+    nt_max = fa_threads_for(nthreads, work, INT64_MAX / 2);
+    /* a unit is split when it holds more than 1/(4 nt_max) of the work (and
+     * its keys span more than one chunk), while the partials fit the budget */
+    cap = 0;
+    if (split && pl->nrmax > 0) {
+        const double per = (double)pl->nrmax * ((double)pl->Dvp * 4.0 + 12.0);
+        cap = budget / per < (double)nunits * 1024.0 ? (int64_t)(budget / per)
+                                                      : nunits * (int64_t)1024;
+    }
+    /* count: pass 0 sizes the lists, pass 1 fills them */
+    for (m = 0; m < 2; m++) {
+        int64_t ni = 0, nf = 0, slots = 0;
+        for (p = 0; p < nprob; p++) {
+            const fa_attn_args *q = pr[p].a;
+            const fa_units *g = &pr[p].g;
+            for (n = 0; n < g->nunits;) {
+                const fa_unit u = unit_at(q, g, n, -1);
+                const double c = unit_cost(q, &u);
+                int64_t lo, hi, c_lo, c_hi, n_end, run, c2;
+                unit_keys(q, &u, &lo, &hi);
+                c_lo = lo / FA_CK;
+                c_hi = (hi + FA_CK - 1) / FA_CK;
+                if (c_hi - c_lo < 2 || !split_unit(q, &u, c, total, nt_max)
+                    || slots + (c_hi - c_lo) > cap) {
+                    if (m) {
+                        fa_item *it = &pl->items[ni];
+                        it->p = p;
+                        it->n = n;
+                        it->n_end = n + 1;
+                        it->chunk = -1;
+                        it->c_lo = it->c_hi = it->slot = 0;
+                    }
+                    ni++;
+                    n++;
+                    continue;
+                }
+                /* a run: the following units of this problem with the same
+                 * key chunks, split alike */
+                for (n_end = n + 1; n_end < g->nunits; n_end++) {
+                    const fa_unit v = unit_at(q, g, n_end, -1);
+                    int64_t lo2, hi2;
+                    unit_keys(q, &v, &lo2, &hi2);
+                    if (lo2 / FA_CK != c_lo || (hi2 + FA_CK - 1) / FA_CK != c_hi
+                        || !split_unit(q, &v, unit_cost(q, &v), total, nt_max)
+                        || slots + (n_end - n + 1) * (c_hi - c_lo) > cap)
+                        break;
+                }
+                run = n_end - n;
+                /* runs of at most 8 units: enough items for the threads */
+                if (run > 8)
+                    n_end = n + (run = 8);
+                for (c2 = c_lo; c2 < c_hi; c2++) {
+                    if (m) {
+                        fa_item *it = &pl->items[ni];
+                        it->p = p;
+                        it->n = n;
+                        it->n_end = n_end;
+                        it->chunk = c2;
+                        it->c_lo = c_lo;
+                        it->c_hi = c_hi;
+                        it->slot = slots;
+                    }
+                    ni++;
+                }
+                if (m) {
+                    fa_item *f = &pl->items[pl->nitems + nf];
+                    f->p = p;
+                    f->n = n;
+                    f->n_end = n_end;
+                    f->chunk = -1;
+                    f->c_lo = c_lo;
+                    f->c_hi = c_hi;
+                    f->slot = slots;
+                }
+                nf++;
+                slots += run * (c_hi - c_lo);
+                n = n_end;
+            }
+        }
+        if (!m) {
+            nitems = ni;
+            nfold = nf;
+            nslots = slots;
+            pl->items = (fa_item *)malloc((size_t)(nitems + nfold) * sizeof(fa_item) + 1);
+            if (!pl->items)
+                return FA_ERR_NOMEM;
+            pl->nitems = nitems;
+            pl->nfold = nfold;
         }
     }
-    nitems = split ? g.nunits * nchunks : g.nunits;
+    if (nslots > 0) {
+        const size_t rows = (size_t)(nslots * pl->nrmax);
+        pl->pm = (float *)malloc(rows * sizeof(float));
+        pl->pl = (double *)malloc(rows * sizeof(double));
+        pl->pacc = (float *)malloc(rows * (size_t)pl->Dvp * sizeof(float) + sizeof(float));
+        if (!pl->pm || !pl->pl || !pl->pacc)
+            return FA_ERR_NOMEM;
+    }
+    if (nfold > 0) /* split units: threads for the chunks */
+        *nt = fa_threads_for(nthreads, work, nitems);
+    return FA_OK;
+}
+
+/* Runs the SDPA (weights == NULL) or weights kernel over the plan's items. */
+static int plan_run(const fa_plan *pl, float *out, float *lse, float *weights, int nt)
+{
+    const fa_kernel_table *kern = fa_active_kernels();
+    const int64_t nrmax = pl->nrmax, Dvp = pl->Dvp;
+    int status = FA_OK;
     (void)nt;
+    if (pl->nitems == 0)
+        return FA_OK;
 #ifdef _OPENMP
 #pragma omp parallel num_threads(nt) if (nt > 1)
 #endif
     {
         fa_scratch w;
-        int64_t n, c, r;
-        int ok = scratch_alloc(&w, a->D, a->Dv) == FA_OK;
+        int64_t t, n, c, r;
+        int ok = scratch_alloc(&w, pl->pr[0].a->D, pl->pr[0].a->Dv) == FA_OK;
         if (!ok) {
 #ifdef _OPENMP
 #pragma omp critical(fastattn_status)
@@ -347,49 +563,69 @@ static int run_units(const fa_attn_args *a, float *out, float *lse, float *weigh
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif
-        for (n = 0; n < nitems; n++) {
-            const fa_unit u = unit_at(a, &g, split ? n / nchunks : n, split ? n % nchunks : -1);
+        for (t = 0; t < pl->nitems; t++) {
+            const fa_item *it = &pl->items[t];
+            const fa_problem *p = &pl->pr[it->p];
             if (!ok)
                 continue;
-            if (weights) {
-                kern->weights_unit(a, &u, weights, &w);
-            } else if (split) {
-                fa_partial p;
-                p.m = pm + n * nrmax;
-                p.l = pl + n * nrmax;
-                p.acc = pacc + n * nrmax * Dvp;
-                kern->sdpa_unit(a, &u, out, lse, &w, &p);
-            } else {
-                kern->sdpa_unit(a, &u, out, lse, &w, NULL);
+            for (n = it->n; n < it->n_end; n++) {
+                const fa_unit u = unit_at(p->a, &p->g, n, it->chunk);
+                if (weights) {
+                    kern->weights_unit(p->a, &u, weights, &w);
+                } else if (it->chunk >= 0) {
+                    const int64_t s = it->slot + (n - it->n) * (it->c_hi - it->c_lo)
+                                      + (it->chunk - it->c_lo);
+                    fa_partial part;
+                    part.m = pl->pm + s * nrmax;
+                    part.l = pl->pl + s * nrmax;
+                    part.acc = pl->pacc + s * nrmax * Dvp;
+                    kern->sdpa_unit(p->a, &u, out, lse, &w, &part);
+                } else {
+                    kern->sdpa_unit(p->a, &u, out, lse, &w, NULL);
+                }
             }
         }
-        if (split) { /* fold each unit's partials in chunk order */
+        if (pl->nfold > 0) { /* each split unit: its partials folded in chunk order */
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif
-            for (n = 0; n < g.nunits; n++) {
-                const fa_unit u = unit_at(a, &g, n, -1);
-                const int64_t nr = u.nh * u.nq;
+            for (t = 0; t < pl->nfold; t++) {
+                const fa_item *f = &pl->items[pl->nitems + t];
+                const fa_problem *p = &pl->pr[f->p];
                 if (!ok || status != FA_OK)
                     continue; /* (a thread without memory left partials unwritten) */
-                for (r = 0; r < nr; r++) {
-                    w.mt[r] = -INFINITY;
-                    w.lt[r] = 0.0;
+                for (n = f->n; n < f->n_end; n++) {
+                    const fa_unit u = unit_at(p->a, &p->g, n, -1);
+                    const int64_t nr = u.nh * u.nq;
+                    const int64_t s0 = f->slot + (n - f->n) * (f->c_hi - f->c_lo);
+                    for (r = 0; r < nr; r++) {
+                        w.mt[r] = -INFINITY;
+                        w.lt[r] = 0.0;
+                    }
+                    for (c = 0; c < f->c_hi - f->c_lo; c++)
+                        fa_merge_chunk(nr, Dvp, pl->pm + (s0 + c) * nrmax,
+                                       pl->pl + (s0 + c) * nrmax,
+                                       pl->pacc + (s0 + c) * nrmax * Dvp, w.mt, w.lt, w.acct);
+                    fa_finish_rows(p->a, &u, Dvp, w.mt, w.lt, w.acct, out, lse);
                 }
-                for (c = 0; c < nchunks; c++) {
-                    const int64_t item = n * nchunks + c;
-                    fa_merge_chunk(nr, Dvp, pm + item * nrmax, pl + item * nrmax,
-                                   pacc + item * nrmax * Dvp, w.mt, w.lt, w.acct);
-                }
-                fa_finish_rows(a, &u, Dvp, w.mt, w.lt, w.acct, out, lse);
             }
         }
         if (ok)
             scratch_free(&w);
     }
-    free(pm);
-    free(pl);
-    free(pacc);
+    return status;
+}
+
+/* Plans and runs problems a[0..nprob). */
+static int run_problems(const fa_attn_args *a, int64_t nprob, float *out, float *lse,
+                        float *weights, int nthreads)
+{
+    fa_plan pl;
+    int nt = 1;
+    int status = plan_build(a, nprob, weights == NULL, nthreads, &pl, &nt);
+    if (status == FA_OK)
+        status = plan_run(&pl, out, lse, weights, nt);
+    plan_free(&pl);
     return status;
 }
 
@@ -400,7 +636,7 @@ int fa_sdpa_f32(const fa_attn_args *a, float *out, float *lse, int nthreads)
         return status;
     if (!out && a->nbatch > 0 && a->L > 0 && a->Dv > 0)
         return FA_ERR_ARG;
-    return run_units(a, out, lse, NULL, nthreads);
+    return run_problems(a, 1, out, lse, NULL, nthreads);
 }
 
 int fa_attention_weights_f32(const fa_attn_args *a, float *weights, int nthreads)
@@ -412,51 +648,16 @@ int fa_attention_weights_f32(const fa_attn_args *a, float *weights, int nthreads
         return FA_OK;
     if (!weights && a->nbatch > 0 && a->L > 0)
         return FA_ERR_ARG;
-    return run_units(a, NULL, NULL, weights, nthreads);
-}
-
-/* One work unit of a packed batch: unit n of sequence seq, and its cost. */
-typedef struct {
-    int64_t seq, n;
-    double cost;
-} fa_varlen_item;
-
-/* Bigger first; ties in (sequence, unit) order, so the list is fixed. */
-static int varlen_item_cmp(const void *x, const void *y)
-{
-    const fa_varlen_item *p = (const fa_varlen_item *)x, *q = (const fa_varlen_item *)y;
-    if (p->cost != q->cost)
-        return p->cost > q->cost ? -1 : 1;
-    if (p->seq != q->seq)
-        return p->seq < q->seq ? -1 : 1;
-    return p->n < q->n ? -1 : (p->n > q->n ? 1 : 0);
-}
-
-/* The keys a unit's rows may see at most (causal and window bounds), times its
- * rows: the order in which units are handed out. */
-static double unit_cost(const fa_attn_args *a, const fa_unit *u)
-{
-    const int64_t p_first = u->i0 + a->S - a->L, p_last = p_first + u->nq - 1;
-    int64_t lo = 0, hi = a->S;
-    if (a->is_causal && p_last + 1 < hi)
-        hi = p_last + 1;
-    if (a->win_right >= 0 && p_last + a->win_right + 1 < hi)
-        hi = p_last + a->win_right + 1;
-    if (a->win_left >= 0 && p_first - a->win_left > lo)
-        lo = p_first - a->win_left;
-    return (double)(u->nh * u->nq) * (double)(hi > lo ? hi - lo : 0) + 1.0;
+    return run_problems(a, 1, NULL, NULL, weights, nthreads);
 }
 
 int fa_varlen_f32(const fa_attn_args *a, int64_t nseq, const int64_t *cu_q,
                   const int64_t *cu_k, float *out, float *lse, int nthreads)
 {
-    const fa_kernel_table *kern = fa_active_kernels();
     const int64_t H = a ? a->nbatch : 0;
     fa_attn_args *sa = NULL;
-    fa_varlen_item *items = NULL;
-    int64_t s, n, nitems = 0;
-    double work = 0.0;
-    int status = FA_OK, nt;
+    int64_t s;
+    int status = FA_OK;
     if (!a || nseq < 0 || !cu_q || !cu_k || nthreads < 1 || H < 0)
         return FA_ERR_ARG;
     if (a->mask_kind != FA_MASK_NONE || a->seg_q || a->block_table || cu_q[0] != 0
@@ -487,63 +688,9 @@ int fa_varlen_f32(const fa_attn_args *a, int64_t nseq, const int64_t *cu_q,
         q->alibi_slopes = a->alibi_slopes ? a->alibi_slopes + at : NULL;
         q->sinks = a->sinks ? a->sinks + at : NULL;
         status = check_args(q, nthreads);
-        if (q->L > 0) {
-            nitems += unit_geometry(q).nunits;
-            work += (double)H * (double)q->L * (double)(q->S > 0 ? q->S : 1)
-                    * (double)(q->D + q->Dv);
-        }
     }
-    if (status == FA_OK) {
-        items = (fa_varlen_item *)malloc((size_t)nitems * sizeof *items + 1);
-        status = items ? FA_OK : FA_ERR_NOMEM;
-    }
-    if (status != FA_OK) {
-        free(sa);
-        return status;
-    }
-    nitems = 0;
-    for (s = 0; s < nseq; s++) {
-        const fa_units g = unit_geometry(&sa[s]);
-        if (sa[s].L == 0)
-            continue;
-        for (n = 0; n < g.nunits; n++) {
-            const fa_unit u = unit_at(&sa[s], &g, n, -1);
-            items[nitems].seq = s;
-            items[nitems].n = n;
-            items[nitems].cost = unit_cost(&sa[s], &u);
-            nitems++;
-        }
-    }
-    qsort(items, (size_t)nitems, sizeof *items, varlen_item_cmp);
-    nt = fa_threads_for(nthreads, work, nitems);
-    (void)nt;
-#ifdef _OPENMP
-#pragma omp parallel num_threads(nt) if (nt > 1)
-#endif
-    {
-        fa_scratch w;
-        int64_t t;
-        int ok = scratch_alloc(&w, a->D, a->Dv) == FA_OK;
-        if (!ok) {
-#ifdef _OPENMP
-#pragma omp critical(fastattn_status)
-#endif
-            status = FA_ERR_NOMEM;
-        }
-#ifdef _OPENMP
-#pragma omp for schedule(dynamic, 1)
-#endif
-        for (t = 0; t < nitems; t++) {
-            const fa_attn_args *q = &sa[items[t].seq];
-            const fa_units g = unit_geometry(q);
-            const fa_unit u = unit_at(q, &g, items[t].n, -1);
-            if (ok)
-                kern->sdpa_unit(q, &u, out, lse, &w, NULL);
-        }
-        if (ok)
-            scratch_free(&w);
-    }
-    free(items);
+    if (status == FA_OK)
+        status = run_problems(sa, nseq, out, lse, NULL, nthreads);
     free(sa);
     return status;
 }

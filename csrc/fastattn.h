@@ -122,8 +122,10 @@ int fa_sdpa_f32(const fa_attn_args *a, float *out, float *lse, int nthreads);
  * head h is batch item s * nbatch + h of every per-item array (q_off, k_off,
  * v_off, o_off, lse_off, alibi_slopes, sinks: nseq * nbatch entries), and it
  * is computed exactly as fa_sdpa_f32 on that sequence alone (a->L and a->S
- * are ignored). The work units of all sequences run in one parallel region,
- * the biggest first. No mask, segment ids or paging; o_off is required.
+ * are ignored). The work units of all sequences run in one parallel region
+ * under the thread policy of fa_sdpa_f32 (the biggest sequences first; a unit
+ * that holds a large share of the work split into its key chunks). No mask,
+ * segment ids or paging; o_off is required.
  */
 int fa_varlen_f32(const fa_attn_args *a, int64_t nseq, const int64_t *cu_q,
                   const int64_t *cu_k, float *out, float *lse, int nthreads);

@@ -299,7 +299,7 @@ static FA_TARGET void FA_NAME(pack_kt)(const void *k, int dt, int64_t rs, int64_
  * finite. Half-precision elements sixteen at a time, non-finite ones told by
  * their exponent bits (all ones); float32 eight at a time (x - x is NaN). */
 static FA_ALWAYS_INLINE FA_TARGET int load_row_dt_avx2(const void *src, int dt, int64_t n,
-                                                       float *dst)
+                                                       float *dst, int64_t ahead)
 {
     const int64_t esz = (int64_t)fa_dtype_size(dt);
     __m256 bad = _mm256_setzero_ps();
@@ -310,6 +310,8 @@ static FA_ALWAYS_INLINE FA_TARGET int load_row_dt_avx2(const void *src, int dt, 
         const __m256i expo = _mm256_set1_epi16(dt == FA_DTYPE_F16 ? 0x7C00 : 0x7F80);
         for (; d + 16 <= n; d += 16) {
             const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)src + d));
+            if (ahead && (d & 31) == 0)
+                fa_prefetch((const uint16_t *)src + d, ahead); /* 32 elements: one line */
             badh = _mm256_or_si256(badh, _mm256_cmpeq_epi16(_mm256_and_si256(h, expo), expo));
             _mm256_storeu_ps(dst + d, cvt8_avx2(_mm256_castsi256_si128(h), dt));
             _mm256_storeu_ps(dst + d + 8, cvt8_avx2(_mm256_extracti128_si256(h, 1), dt));
@@ -317,6 +319,8 @@ static FA_ALWAYS_INLINE FA_TARGET int load_row_dt_avx2(const void *src, int dt, 
     }
     for (; d + 8 <= n; d += 8) {
         const __m256 x = load8_avx2((const char *)src + d * esz, dt);
+        if (ahead && ((d * esz) & 63) == 0)
+            fa_prefetch((const char *)src + d * esz, ahead);
         _mm256_storeu_ps(dst + d, x);
         bad = _mm256_or_ps(bad, _mm256_sub_ps(x, x)); /* NaN lanes for inf and NaN */
     }
@@ -329,14 +333,37 @@ static FA_ALWAYS_INLINE FA_TARGET int load_row_dt_avx2(const void *src, int dt, 
            && _mm256_testz_si256(badh, badh);
 }
 
+/* 1 if x[0..n) are all finite (x - x is +0 for finite x, NaN otherwise; the
+ * OR of such bits is NaN if any is); the lines `ahead` bytes past those read
+ * are fetched ahead (0: none). */
+#define FA_HAVE_ROW_FINITE 1
+static FA_TARGET int FA_NAME(row_finite)(const float *x, int64_t n, int64_t ahead)
+{
+    __m256 bad = _mm256_setzero_ps();
+    int64_t i = 0;
+    int badt = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + 8);
+        if (ahead)
+            fa_prefetch(x + i, ahead); /* 16 floats: one line */
+        bad = _mm256_or_ps(bad, _mm256_or_ps(_mm256_sub_ps(a, a), _mm256_sub_ps(b, b)));
+    }
+    for (; i < n; i++) {
+        const float z = x[i] - x[i];
+        badt |= (z != z);
+    }
+    return !badt && !_mm256_movemask_ps(_mm256_cmp_ps(bad, bad, _CMP_UNORD_Q));
+}
+
 #define FA_HAVE_LOAD_ROW 1
-static FA_TARGET int FA_NAME(load_row)(const void *src, int dt, int64_t n, float *dst)
+static FA_TARGET int FA_NAME(load_row)(const void *src, int dt, int64_t n, float *dst,
+                                   int64_t ahead)
 {
     if (dt == FA_DTYPE_F16)
-        return load_row_dt_avx2(src, FA_DTYPE_F16, n, dst);
+        return load_row_dt_avx2(src, FA_DTYPE_F16, n, dst, ahead);
     if (dt == FA_DTYPE_BF16)
-        return load_row_dt_avx2(src, FA_DTYPE_BF16, n, dst);
-    return load_row_dt_avx2(src, FA_DTYPE_F32, n, dst);
+        return load_row_dt_avx2(src, FA_DTYPE_BF16, n, dst, ahead);
+    return load_row_dt_avx2(src, FA_DTYPE_F32, n, dst, ahead);
 }
 
 /*

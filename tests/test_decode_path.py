@@ -132,6 +132,27 @@ def test_decode_strided_kv_matches_the_general_path(simd, rng):
         assert_same_bits(o[1], full[1][:, :, i:i + 1])
 
 
+@pytest.mark.parametrize("kvdtype", ["float32", "float16"])
+def test_decode_of_a_strided_cache_split_by_key_chunks(simd, rng, threads, kvdtype):
+    # a (B, S, heads, D) cache with several kv heads and keys over several
+    # chunks (1024): its few-row units are split into key chunks, a chunk of
+    # several heads at a time, at any thread count. The bits must be those of
+    # the contiguous cache (whose units are not split) for 1, 2 and 3 threads,
+    # with odd S, partial tiles, a window and an ALiBi bias.
+    B, Hkv, S, D = 2, 3, 2600, 24
+    q = qkv(rng, (B, 6, 1, D), (1,), (1,))[0]
+    k = rng.standard_normal((B, S, Hkv, D)).astype(kvdtype).transpose(0, 2, 1, 3)
+    v = rng.standard_normal((B, S, Hkv, D + 8)).astype(kvdtype).transpose(0, 2, 1, 3)
+    for kw in ({}, {"window": (1500, 0), "alibi_slopes": np.full(6, 0.01, np.float32)}):
+        threads(1)
+        want = _sdpa(q, np.ascontiguousarray(k), np.ascontiguousarray(v), **kw)
+        for n in (1, 2, 3):
+            threads(n)
+            got = _sdpa(q, k, v, **kw)
+            assert_same_bits(got[0], want[0])
+            assert_same_bits(got[1], want[1])
+
+
 @pytest.mark.skipif(not {"avx2", "avx512"} <= set(PATHS), reason="needs the AVX2 and AVX-512 paths")
 def test_avx512_path_agrees_with_the_avx2_path(rng):
     # The AVX-512 variant takes every product and every exponential as the

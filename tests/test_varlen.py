@@ -133,6 +133,20 @@ def test_one_long_sequence_among_short_ones_uses_the_threads_with_the_same_bits(
         assert_same_bits(lse, results[0][1])
 
 
+@pytest.mark.parametrize("nthreads", [1, 2, 3])
+def test_decoding_sequences_split_by_key_chunks_keep_the_bits(rng, threads, nthreads):
+    # one query row per sequence, one long cache among short ones: the long
+    # sequence's units hold most of the work and are split into key chunks
+    # (over the threads); each sequence's rows keep the bits of its own call
+    lens_k = [3100, 7, 40, 2049, 1]
+    q, k, v, cu_q, cu_k = packed(rng, [1, 1, 1, 2, 1], lens_k, Hq=4, Hkv=2, D=32, Dv=24)
+    threads(nthreads)
+    got = fastattn.varlen_attention(q, k, v, cu_q, cu_k, is_causal=True, return_lse=True)
+    want = per_sequence(q, k, v, cu_q, cu_k, is_causal=True)
+    assert_same_bits(got[0], want[0])
+    assert_same_bits(got[1], want[1])
+
+
 def test_layouts_and_kv_dtypes(rng):
     pytest.importorskip("ml_dtypes")
     import ml_dtypes
