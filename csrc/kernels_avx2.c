@@ -156,12 +156,12 @@ static inline FA_TARGET float hmin_avx2(__m256 v)
 #ifndef FA_HAVE_TILE_SOFTMAX /* (a variant that includes this file may bring its own) */
 #define FA_HAVE_TILE_SOFTMAX 1
 /* The tile softmax step, eight lanes at a time (see the portable versions). */
-static FA_TARGET float FA_NAME(tile_max)(const float *s, float m)
+static FA_TARGET float FA_NAME(tile_max)(const float *s, int64_t nc, float m)
 {
     __m256 mx = _mm256_set1_ps(-INFINITY), nan = _mm256_setzero_ps();
     float r;
     int jj;
-    for (jj = 0; jj < FA_BK; jj += 8) {
+    for (jj = 0; jj < nc; jj += 8) {
         const __m256 x = _mm256_loadu_ps(s + jj);
         mx = _mm256_max_ps(mx, x); /* a NaN x leaves mx; caught by `nan` */
         nan = _mm256_or_ps(nan, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
@@ -172,23 +172,23 @@ static FA_TARGET float FA_NAME(tile_max)(const float *s, float m)
     return r > m ? r : m;
 }
 
-/* A row of FA_BK scores s (natural units) -> exp(s - m) = 2**((s - m) log2 e),
+/* A row of scores s[0..nc) (natural units) -> exp(s - m) = 2**((s - m) log2 e),
  * and their sum. A row whose scores are -inf (masked keys, the padding of a
  * short tile) or lie within 85 of m (no NaN: (s - m) log2 e >= -124) takes
  * exp2_normal_avx2, the -inf lanes set to exactly 0 as the general path sets
  * them: the same bits, fewer instructions. */
-static FA_TARGET double FA_NAME(tile_exp)(float *s, float m)
+static FA_TARGET double FA_NAME(tile_exp)(float *s, int64_t nc, float m)
 {
     const __m256 mv = _mm256_set1_ps(m), log2e = _mm256_set1_ps(FA_LOG2E);
     const __m256 ninf = _mm256_set1_ps(-INFINITY), pinf = _mm256_set1_ps(INFINITY);
     __m256 sum = _mm256_setzero_ps(), mn = pinf;
     int jj;
-    for (jj = 0; jj < FA_BK; jj += 8) { /* the least score above -inf */
+    for (jj = 0; jj < nc; jj += 8) { /* the least score above -inf */
         const __m256 x = _mm256_loadu_ps(s + jj);
         mn = _mm256_min_ps(mn, _mm256_blendv_ps(x, pinf, _mm256_cmp_ps(x, ninf, _CMP_EQ_OQ)));
     }
     if (hmin_avx2(mn) - m >= -85.0f) { /* false for NaN */
-        for (jj = 0; jj < FA_BK; jj += 8) {
+        for (jj = 0; jj < nc; jj += 8) {
             const __m256 x = _mm256_loadu_ps(s + jj);
             __m256 p = exp2_normal_avx2(_mm256_mul_ps(_mm256_sub_ps(x, mv), log2e));
             p = _mm256_andnot_ps(_mm256_cmp_ps(x, ninf, _CMP_EQ_OQ), p); /* -inf: exactly 0 */
@@ -197,7 +197,7 @@ static FA_TARGET double FA_NAME(tile_exp)(float *s, float m)
         }
         return (double)hsum_avx2(sum);
     }
-    for (jj = 0; jj < FA_BK; jj += 8) {
+    for (jj = 0; jj < nc; jj += 8) {
         const __m256 x = _mm256_loadu_ps(s + jj);
         __m256 p = exp2_avx2(_mm256_mul_ps(_mm256_sub_ps(x, mv), log2e));
         p = _mm256_andnot_ps(_mm256_cmp_ps(x, ninf, _CMP_EQ_OQ), p); /* -inf: exactly 0 */

@@ -130,13 +130,13 @@ static inline FA_TARGET __m512 exp2_normal_avx512(__m512 x)
 #define FA_HAVE_TILE_SOFTMAX 1
 typedef char fa_avx512_tile_is_whole_registers[FA_BK % 16 == 0 ? 1 : -1];
 
-static FA_TARGET float tile_max_avx512(const float *s, float m)
+static FA_TARGET float tile_max_avx512(const float *s, int64_t nc, float m)
 {
     __m512 mx = _mm512_set1_ps(-INFINITY);
     __mmask16 nan = 0;
     float r;
     int jj;
-    for (jj = 0; jj < FA_BK; jj += 16) {
+    for (jj = 0; jj < nc; jj += 16) {
         const __m512 x = _mm512_loadu_ps(s + jj);
         mx = _mm512_max_ps(mx, x); /* a NaN x: caught by `nan` */
         nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
@@ -150,18 +150,18 @@ static FA_TARGET float tile_max_avx512(const float *s, float m)
 /* exp(s - m) = 2**((s - m) log2 e) in place (exactly 0 for -inf) and their sum:
  * exp2_normal_avx512 when every score above -inf lies within 85 of m (m is not
  * NaN here: tile_max's NaN rows never get this far with a finite m). */
-static FA_TARGET double tile_exp_avx512(float *s, float m)
+static FA_TARGET double tile_exp_avx512(float *s, int64_t nc, float m)
 {
     const __m512 mv = _mm512_set1_ps(m), log2e = _mm512_set1_ps(FA_LOG2E);
     const __m512 ninf = _mm512_set1_ps(-INFINITY);
     __m512 sum = _mm512_setzero_ps(), mn = _mm512_set1_ps(INFINITY);
     int jj;
-    for (jj = 0; jj < FA_BK; jj += 16) { /* the least score above -inf */
+    for (jj = 0; jj < nc; jj += 16) { /* the least score above -inf */
         const __m512 x = _mm512_loadu_ps(s + jj);
         mn = _mm512_mask_min_ps(mn, _mm512_cmp_ps_mask(x, ninf, _CMP_NEQ_UQ), mn, x);
     }
     if (_mm512_reduce_min_ps(mn) - m >= -85.0f) { /* false for NaN */
-        for (jj = 0; jj < FA_BK; jj += 16) {
+        for (jj = 0; jj < nc; jj += 16) {
             const __m512 x = _mm512_loadu_ps(s + jj);
             const __m512 p = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, ninf, _CMP_NEQ_UQ),
                 exp2_normal_avx512(_mm512_mul_ps(_mm512_sub_ps(x, mv), log2e)));
@@ -170,7 +170,7 @@ static FA_TARGET double tile_exp_avx512(float *s, float m)
         }
         return (double)_mm512_reduce_add_ps(sum);
     }
-    for (jj = 0; jj < FA_BK; jj += 16) {
+    for (jj = 0; jj < nc; jj += 16) {
         const __m512 x = _mm512_loadu_ps(s + jj);
         const __m512 p = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, ninf, _CMP_NEQ_UQ),
             exp2_avx512(_mm512_mul_ps(_mm512_sub_ps(x, mv), log2e)));
