@@ -100,6 +100,28 @@ def test_decode_non_finite_values_only_where_allowed(simd, rng):
     assert_same_bits(o, _sdpa(np.repeat(q, 30, axis=2), k, v, pad)[0][:, :, :1])
 
 
+def test_decode_non_finite_or_huge_values_inside_the_span(simd, rng):
+    # Decoding reads float32 v in place and checks a tile only when its
+    # products are not finite: a masked key inside the allowed span holding
+    # NaN or inf must not reach the row, and finite values whose products
+    # overflow keep the general path's bits.
+    q, k, v = qkv(rng, (1, 4, 1, 32), (1, 2, 300, 32), (1, 2, 300, 32))
+    mask = np.ones(300, bool)
+    mask[[5, 70, 199]] = False
+    for bad in (np.nan, np.inf, -np.inf):
+        v2 = v.copy()
+        v2[0, :, [5, 70, 199]] = bad
+        o = _sdpa(q, k, v2, mask)
+        assert np.isfinite(o[0]).all()
+        assert_same_bits(o[0], _sdpa(q, k, v, mask)[0])
+        assert_same_bits(o[0], _sdpa(np.repeat(q, 30, axis=2), k, v2, mask)[0][:, :, :1])
+    v2 = v.copy()
+    v2[0, :, 100:110] = np.float32(3e38)  # allowed: the sums overflow to inf
+    o = _sdpa(q, k, v2, mask)
+    assert not np.isfinite(o[0]).all()
+    assert_same_bits(o[0], _sdpa(np.repeat(q, 30, axis=2), k, v2, mask)[0][:, :, :1])
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_decode_half_precision_kv_matches_the_general_path(simd, rng, dtype):
     if dtype == "bfloat16":
