@@ -403,6 +403,8 @@ def sdpa_plain(q, k, v, mask, is_causal, window, scale, enable_gqa, return_lse,
                 return None
             group = n // c
             nbatch *= n
+        for i in range(nd):
+            mst[i] = 0  # no mask: offsets of 0 (the loop below reads mst either way)
         if mask is not None:
             if _take(mask, &mb, b'?', 1, 1, mview):
                 held = 4
