@@ -147,37 +147,42 @@ static FA_TARGET float tile_max_avx512(const float *s, int64_t nc, float m)
     return r > m ? r : m;
 }
 
-/* exp(s - m) = 2**((s - m) log2 e) in place (exactly 0 for -inf) and their sum:
- * exp2_normal_avx512 when every score above -inf lies within 85 of m (m is not
- * NaN here: tile_max's NaN rows never get this far with a finite m). */
-static FA_TARGET double tile_exp_avx512(float *s, int64_t nc, float m)
+/* s[0..nc) -> exp(s - m) in place (exactly 0 for -inf); returns the sixteen
+ * lanes' sums. normal: every score above -inf lies within 85 of m, so
+ * exp2_normal_avx512 serves (a constant at each call: two loops). */
+static FA_ALWAYS_INLINE FA_TARGET __m512 tile_exp_pass_avx512(float *s, int64_t nc, float m,
+                                                              int normal)
 {
     const __m512 mv = _mm512_set1_ps(m), log2e = _mm512_set1_ps(FA_LOG2E);
     const __m512 ninf = _mm512_set1_ps(-INFINITY);
-    __m512 sum = _mm512_setzero_ps(), mn = _mm512_set1_ps(INFINITY);
-    int jj;
+    __m512 sum = _mm512_setzero_ps();
+    int64_t jj;
+    for (jj = 0; jj < nc; jj += 16) {
+        const __m512 x = _mm512_loadu_ps(s + jj);
+        const __m512 y = _mm512_mul_ps(_mm512_sub_ps(x, mv), log2e);
+        const __m512 p = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, ninf, _CMP_NEQ_UQ),
+                                             normal ? exp2_normal_avx512(y) : exp2_avx512(y));
+        _mm512_storeu_ps(s + jj, p);
+        sum = _mm512_add_ps(sum, p);
+    }
+    return sum;
+}
+
+/* exp(s - m) = 2**((s - m) log2 e) in place (exactly 0 for -inf) and their sum,
+ * by exp2_normal_avx512 when every score above -inf lies within 85 of m (m is
+ * not NaN here: tile_max's NaN rows never get this far with a finite m). */
+static FA_TARGET double tile_exp_avx512(float *s, int64_t nc, float m)
+{
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    __m512 mn = _mm512_set1_ps(INFINITY);
+    int64_t jj;
     for (jj = 0; jj < nc; jj += 16) { /* the least score above -inf */
         const __m512 x = _mm512_loadu_ps(s + jj);
         mn = _mm512_mask_min_ps(mn, _mm512_cmp_ps_mask(x, ninf, _CMP_NEQ_UQ), mn, x);
     }
-    if (_mm512_reduce_min_ps(mn) - m >= -85.0f) { /* false for NaN */
-        for (jj = 0; jj < nc; jj += 16) {
-            const __m512 x = _mm512_loadu_ps(s + jj);
-            const __m512 p = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, ninf, _CMP_NEQ_UQ),
-                exp2_normal_avx512(_mm512_mul_ps(_mm512_sub_ps(x, mv), log2e)));
-            _mm512_storeu_ps(s + jj, p);
-            sum = _mm512_add_ps(sum, p);
-        }
-        return (double)_mm512_reduce_add_ps(sum);
-    }
-    for (jj = 0; jj < nc; jj += 16) {
-        const __m512 x = _mm512_loadu_ps(s + jj);
-        const __m512 p = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, ninf, _CMP_NEQ_UQ),
-            exp2_avx512(_mm512_mul_ps(_mm512_sub_ps(x, mv), log2e)));
-        _mm512_storeu_ps(s + jj, p);
-        sum = _mm512_add_ps(sum, p);
-    }
-    return (double)_mm512_reduce_add_ps(sum);
+    if (_mm512_reduce_min_ps(mn) - m >= -85.0f) /* false for NaN */
+        return (double)_mm512_reduce_add_ps(tile_exp_pass_avx512(s, nc, m, 1));
+    return (double)_mm512_reduce_add_ps(tile_exp_pass_avx512(s, nc, m, 0));
 }
 
 #include "kernels_avx2.c"

@@ -417,7 +417,6 @@ def sdpa_plain(q, k, v, mask, is_causal, window, scale, enable_gqa, return_lse,
                 return None
             # The mask's strides broadcast to q.shape[:-1] + (S,), its axes right-aligned.
             for i in range(nd):
-                mst[i] = 0
                 if i >= nd - mnd:
                     c = mb.shape[i - (nd - mnd)]
                     if c != 1 and c != (S if i == nd - 1 else qb.shape[i]):
