@@ -39,9 +39,10 @@ Run it::
 It streams the text as it is generated, then prints the tokens/s of the
 prefill and of the decode and how their time splits between attention,
 matrix products and the rest. ``--threads N`` sets the threads of both
-fastattn (OpenMP) and NumPy's BLAS (through threadpoolctl); the decoding
-steps run NumPy's BLAS on one thread unless ``--decode-blas-threads`` says
-otherwise (see :func:`generate`).
+fastattn (OpenMP) and NumPy's BLAS (through threadpoolctl), for the prefill
+and the decoding steps alike; ``--decode-blas-threads N`` limits the BLAS to
+N threads while decoding (``1`` on a machine whose other cores are busy; see
+:func:`generate`).
 
 The functions :func:`load_model`, :func:`encode`, :func:`decode` and
 :func:`generate` are the importable interface (``tests/test_smollm2.py``,
@@ -768,7 +769,7 @@ def sample(logits, temperature, top_p, rng):
 
 def generate(model, ids, max_new_tokens, *, temperature=0.0, top_p=1.0, seed=None,
              stop_at_eos=True, stream=None, kv_dtype=np.float32, timings=None,
-             on_attention=None, decode_blas_threads=1):
+             on_attention=None, decode_blas_threads=None):
     """Continue a prompt: prefill it, then decode one token at a time.
 
     Parameters
@@ -802,15 +803,18 @@ def generate(model, ids, max_new_tokens, *, temperature=0.0, top_p=1.0, seed=Non
         Filled with the prefill and decode times and their split.
     on_attention : callable, optional
         Passed to :func:`forward`.
-    decode_blas_threads : int or None, default 1
-        Threads of NumPy's BLAS while decoding (a ``threadpoolctl``
-        limit around the decoding loop, lifted when it ends; the prefill
-        keeps the caller's setting). A decoding step's matrix products are
-        matrix-vector products (one row times a 576-wide weight matrix),
-        limited by how fast the weights stream from memory: OpenBLAS's second
-        thread gains little on them, and on a machine whose other cores are
-        busy it makes them many times slower (each product waits for a
-        thread that is not scheduled). ``None`` keeps the caller's setting.
+    decode_blas_threads : int or None, default None
+        Threads of NumPy's BLAS while decoding. ``None`` leaves the BLAS
+        as the caller set it (e.g. with ``threadpoolctl.threadpool_limits``)
+        for the prefill and the decoding alike. An int ``n >= 1`` limits it
+        to `n` threads around the decoding loop (a ``threadpoolctl`` limit,
+        lifted when the loop ends; the prefill keeps the caller's setting).
+        A decoding step's matrix products are matrix-vector products (one
+        row times a 576-wide weight matrix), limited by how fast the weights
+        stream from memory; on a quiet machine OpenBLAS's threads share that
+        work and speed it up, but on one whose other cores are busy each
+        product waits for a thread that is not scheduled, and ``1`` is then
+        much faster.
         fastattn's own threads are not affected.
 
     Returns
@@ -1002,9 +1006,10 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=None, help="sampling seed")
     parser.add_argument("--threads", type=int, default=None,
                         help="threads of fastattn and of NumPy's BLAS (default: theirs)")
-    parser.add_argument("--decode-blas-threads", type=int, default=1,
-                        help="NumPy's BLAS threads while decoding (default: %(default)s; 0: "
-                             "those of --threads; see generate's decode_blas_threads)")
+    parser.add_argument("--decode-blas-threads", type=int, default=0,
+                        help="limit NumPy's BLAS to this many threads while decoding (default "
+                             "0: no limit, the threads of --threads; 1 helps on a machine "
+                             "whose other cores are busy; see generate's decode_blas_threads)")
     parser.add_argument("--kv-dtype", choices=("float32", "float16", "bfloat16"),
                         default="float32",
                         help="element type of the KV cache (default: %(default)s; bfloat16 "

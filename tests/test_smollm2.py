@@ -414,16 +414,35 @@ def test_decoding_runs_blas_on_the_threads_asked_for_and_restores_them(tiny):
     with threadpool_limits(2, user_api="blas"):
         before = _blas_threads()
         seen = []
+        # the default leaves the BLAS as the caller set it, while decoding too
         out = smollm2.generate(tiny, prompt, 6, stop_at_eos=False,
                                stream=lambda t: seen.append(_blas_threads()))
+        assert len(seen) == 6 and all(s == before for s in seen)
+        seen.clear()
+        pinned = smollm2.generate(tiny, prompt, 6, stop_at_eos=False, decode_blas_threads=1,
+                                  stream=lambda t: seen.append(_blas_threads()))
         assert len(seen) == 6 and all(s == [1] * len(before) for s in seen)
         assert _blas_threads() == before
-        seen.clear()
-        kept = smollm2.generate(tiny, prompt, 6, stop_at_eos=False, decode_blas_threads=None,
-                                stream=lambda t: seen.append(_blas_threads()))
-        assert all(s == before for s in seen)
     # the thread count changes how fast, not what
-    assert kept == out
+    assert pinned == out
+
+
+@pytest.mark.parametrize("flag, expected", [([], None), (["--decode-blas-threads", "0"], None),
+                                            (["--decode-blas-threads", "1"], 1)])
+def test_cli_decode_blas_threads(tiny_path, monkeypatch, capsys, flag, expected):
+    seen = {}
+    real = smollm2.generate
+
+    def spy(*args, **kwargs):
+        seen["decode_blas_threads"] = kwargs["decode_blas_threads"]
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(smollm2, "generate", spy)
+    assert smollm2.main(["--model", str(tiny_path), "--prompt", "the air",
+                         "--max-new-tokens", "2", *flag]) == 0
+    assert seen == {"decode_blas_threads": expected}
+    with pytest.raises(SystemExit):
+        smollm2.main(["--model", str(tiny_path), "--decode-blas-threads", "-1"])
 
 
 def test_prompt_beyond_the_context_is_an_error(tiny):

@@ -19,8 +19,9 @@ prints the median of ``--rounds`` x ``--repeat`` runs of each, the 1-minute
 load average around them (other processes sharing the CPUs slow both sides,
 unevenly), the example's time split (attention, matrix products, the rest)
 and the decode's ceiling from the matrix products alone. The example decodes
-with one BLAS thread (``generate``'s ``decode_blas_threads``; see its
-docstring); ``--decode-blas-threads 0`` gives it ``--threads`` instead.
+with ``--threads`` BLAS threads too; ``--decode-blas-threads N`` limits its
+BLAS to N threads while decoding (``generate``'s ``decode_blas_threads``; see
+its docstring).
 
 Needs PyTorch, transformers and accelerate (not dependencies of fastattn)::
 
@@ -341,10 +342,10 @@ def main(argv=None):
                         help="timed runs per subprocess (default %(default)s)")
     parser.add_argument("--bench-only", action="store_true",
                         help="the speed table alone, without the checks")
-    parser.add_argument("--decode-blas-threads", type=int, default=1,
-                        help="BLAS threads of the example while decoding (generate's "
-                             "decode_blas_threads; 0: the same as --threads; default "
-                             "%(default)s)")
+    parser.add_argument("--decode-blas-threads", type=int, default=0,
+                        help="limit the example's BLAS to this many threads while decoding "
+                             "(generate's decode_blas_threads; default 0: no limit, the same "
+                             "as --threads)")
     parser.add_argument("--record", metavar="JSON", help="write the test fixture")
     parser.add_argument("--bench-worker", choices=("fastattn", "transformers"),
                         help=argparse.SUPPRESS)
