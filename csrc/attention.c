@@ -51,11 +51,13 @@ static void scratch_free(fa_scratch *w)
     w->arena = NULL;
 }
 
+#define FA_SCRATCH_BUFFERS 19 /* the buffers of fa_scratch */
+
 static int scratch_alloc(fa_scratch *w, int64_t D, int64_t Dv)
 {
     const size_t Dp = (size_t)D, Dvp = (size_t)((Dv + FA_NR - 1) / FA_NR * FA_NR);
     /* the buffers' sizes in bytes, in the order they are carved */
-    const size_t sizes[18] = {
+    const size_t sizes[FA_SCRATCH_BUFFERS] = {
         FA_BQ * Dp * sizeof(float),            /* qpad */
         Dp * FA_BK * sizeof(float),            /* kt */
         FA_BQ * FA_BK * sizeof(float),         /* sc */
@@ -74,9 +76,10 @@ static int scratch_alloc(fa_scratch *w, int64_t D, int64_t Dv)
         FA_BQ * sizeof(float),                 /* mt */
         FA_BQ * sizeof(double),                /* lt */
         (FA_BQ * Dvp + 1) * sizeof(float),     /* acct */
+        2 * FA_BQ * sizeof(float),             /* tmax */
     };
-    void **slots[18];
-    size_t offs[18], total = 0;
+    void **slots[FA_SCRATCH_BUFFERS];
+    size_t offs[FA_SCRATCH_BUFFERS], total = 0;
     char *base;
     int i;
     memset(w, 0, sizeof *w);
@@ -100,7 +103,8 @@ static int scratch_alloc(fa_scratch *w, int64_t D, int64_t Dv)
     slots[15] = (void **)&w->mt;
     slots[16] = (void **)&w->lt;
     slots[17] = (void **)&w->acct;
-    for (i = 0; i < 18; i++) {
+    slots[18] = (void **)&w->tmax;
+    for (i = 0; i < FA_SCRATCH_BUFFERS; i++) {
         offs[i] = total;
         total += (sizes[i] + 2 * FA_SCRATCH_ALIGN - 1) / FA_SCRATCH_ALIGN * FA_SCRATCH_ALIGN;
     }
@@ -109,11 +113,11 @@ static int scratch_alloc(fa_scratch *w, int64_t D, int64_t Dv)
         return FA_ERR_NOMEM;
     base = (char *)w->arena + (FA_SCRATCH_ALIGN - (uintptr_t)w->arena % FA_SCRATCH_ALIGN)
                                   % FA_SCRATCH_ALIGN;
-    for (i = 0; i < 18; i++) {
+    for (i = 0; i < FA_SCRATCH_BUFFERS; i++) {
         *slots[i] = base + offs[i];
 #ifdef FA_ASAN
         ASAN_POISON_MEMORY_REGION(base + offs[i] + sizes[i],
-                                  (i + 1 < 18 ? offs[i + 1] : total) - offs[i] - sizes[i]);
+                                  (i + 1 < FA_SCRATCH_BUFFERS ? offs[i + 1] : total) - offs[i] - sizes[i]);
 #endif
     }
     w->Dvp = (int64_t)Dvp;

@@ -17,13 +17,13 @@
 #include "fa_internal.h" /* its helpers compiled for this target */
 
 #ifndef FA_HAVE_GEMM_BLOCK /* (a variant that includes this file may bring its own) */
-/* One 6 x 16 block of C = A . B in twelve ymm accumulators, one fused
+/* One 6 x 16 block of C = (A . B) scale in twelve ymm accumulators, one fused
  * multiply-add per element and step of d, d ascending; with alpha, C = C *
  * alpha + A . B (kernels.inc's gemm_block). */
 #define FA_HAVE_GEMM_BLOCK 1
 static FA_TARGET void FA_NAME(gemm_block)(const float *a, int64_t lda, const float *b,
                                       int64_t ldb, int64_t K, float *c, int64_t ldc,
-                                      const float *alpha)
+                                      const float *alpha, float scale)
 {
     __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps();
     __m256 c10 = _mm256_setzero_ps(), c11 = _mm256_setzero_ps();
@@ -64,6 +64,14 @@ static FA_TARGET void FA_NAME(gemm_block)(const float *a, int64_t lda, const flo
         FA_ACC(2, 0, c20); FA_ACC(2, 8, c21); FA_ACC(3, 0, c30); FA_ACC(3, 8, c31);
         FA_ACC(4, 0, c40); FA_ACC(4, 8, c41); FA_ACC(5, 0, c50); FA_ACC(5, 8, c51);
 #undef FA_ACC
+    } else if (scale != 1.0f) {
+        const __m256 sv = _mm256_set1_ps(scale);
+        c00 = _mm256_mul_ps(c00, sv); c01 = _mm256_mul_ps(c01, sv);
+        c10 = _mm256_mul_ps(c10, sv); c11 = _mm256_mul_ps(c11, sv);
+        c20 = _mm256_mul_ps(c20, sv); c21 = _mm256_mul_ps(c21, sv);
+        c30 = _mm256_mul_ps(c30, sv); c31 = _mm256_mul_ps(c31, sv);
+        c40 = _mm256_mul_ps(c40, sv); c41 = _mm256_mul_ps(c41, sv);
+        c50 = _mm256_mul_ps(c50, sv); c51 = _mm256_mul_ps(c51, sv);
     }
     _mm256_storeu_ps(c, c00);
     _mm256_storeu_ps(c + 8, c01);
@@ -156,16 +164,19 @@ static inline FA_TARGET float hmin_avx2(__m256 v)
 #ifndef FA_HAVE_TILE_SOFTMAX /* (a variant that includes this file may bring its own) */
 #define FA_HAVE_TILE_SOFTMAX 1
 /* The tile softmax step, eight lanes at a time (see the portable versions). */
-static FA_TARGET float FA_NAME(tile_max)(const float *s, int64_t nc, float m)
+static FA_TARGET float FA_NAME(tile_max)(const float *s, int64_t nc, float m, float *least)
 {
-    __m256 mx = _mm256_set1_ps(-INFINITY), nan = _mm256_setzero_ps();
+    const __m256 ninf = _mm256_set1_ps(-INFINITY), pinf = _mm256_set1_ps(INFINITY);
+    __m256 mx = ninf, mn = pinf, nan = _mm256_setzero_ps();
     float r;
     int jj;
     for (jj = 0; jj < nc; jj += 8) {
         const __m256 x = _mm256_loadu_ps(s + jj);
         mx = _mm256_max_ps(mx, x); /* a NaN x leaves mx; caught by `nan` */
+        mn = _mm256_min_ps(mn, _mm256_blendv_ps(x, pinf, _mm256_cmp_ps(x, ninf, _CMP_EQ_OQ)));
         nan = _mm256_or_ps(nan, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
     }
+    *least = hmin_avx2(mn);
     if (_mm256_movemask_ps(nan) || m != m)
         return NAN;
     r = hmax_avx2(mx);
@@ -174,20 +185,16 @@ static FA_TARGET float FA_NAME(tile_max)(const float *s, int64_t nc, float m)
 
 /* A row of scores s[0..nc) (natural units) -> exp(s - m) = 2**((s - m) log2 e),
  * and their sum. A row whose scores are -inf (masked keys, the padding of a
- * short tile) or lie within 85 of m (no NaN: (s - m) log2 e >= -124) takes
- * exp2_normal_avx2, the -inf lanes set to exactly 0 as the general path sets
- * them: the same bits, fewer instructions. */
-static FA_TARGET double FA_NAME(tile_exp)(float *s, int64_t nc, float m)
+ * short tile) or lie within 85 of m (normal; no NaN: (s - m) log2 e >= -124)
+ * takes exp2_normal_avx2, the -inf lanes set to exactly 0 as the general path
+ * sets them: the same bits, fewer instructions. */
+static FA_TARGET double FA_NAME(tile_exp)(float *s, int64_t nc, float m, int normal)
 {
     const __m256 mv = _mm256_set1_ps(m), log2e = _mm256_set1_ps(FA_LOG2E);
-    const __m256 ninf = _mm256_set1_ps(-INFINITY), pinf = _mm256_set1_ps(INFINITY);
-    __m256 sum = _mm256_setzero_ps(), mn = pinf;
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    __m256 sum = _mm256_setzero_ps();
     int jj;
-    for (jj = 0; jj < nc; jj += 8) { /* the least score above -inf */
-        const __m256 x = _mm256_loadu_ps(s + jj);
-        mn = _mm256_min_ps(mn, _mm256_blendv_ps(x, pinf, _mm256_cmp_ps(x, ninf, _CMP_EQ_OQ)));
-    }
-    if (hmin_avx2(mn) - m >= -85.0f) { /* false for NaN */
+    if (normal) {
         for (jj = 0; jj < nc; jj += 8) {
             const __m256 x = _mm256_loadu_ps(s + jj);
             __m256 p = exp2_normal_avx2(_mm256_mul_ps(_mm256_sub_ps(x, mv), log2e));

@@ -25,30 +25,47 @@
 #error "the AVX-512 micro-kernel holds one row of FA_NR = 16 columns in one register"
 #endif
 
-/* One FA_MR x 16 block of C = A . B: row r of A broadcast, one row of B per
- * step of d loaded once for all the rows; with alpha, C = C * alpha + A . B
- * (kernels.inc's gemm_block). */
+/* The micro-kernels' accumulators are named registers, one per row and
+ * column block (an array of them GCC keeps in memory outside the loop over
+ * d): X(r) for each of the FA_MR = 12 rows. */
+#define FA_ROWS12(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+#if FA_MR != 12
+#error "FA_ROWS12 names twelve rows"
+#endif
+
+/* One FA_MR x 16 block of C = (A . B) scale: row r of A broadcast, one row
+ * of B per step of d loaded once for all the rows; with alpha, C = C * alpha
+ * + A . B (kernels.inc's gemm_block). */
 #define FA_HAVE_GEMM_BLOCK 1
 static FA_TARGET void gemm_block_avx512(const float *a, int64_t lda, const float *b,
                                         int64_t ldb, int64_t K, float *c, int64_t ldc,
-                                        const float *alpha)
+                                        const float *alpha, float scale)
 {
-    __m512 acc[FA_MR];
+#define FA_DECL(r) __m512 acc##r = _mm512_setzero_ps();
+#define FA_STEP(r) acc##r = _mm512_fmadd_ps(_mm512_set1_ps(a[(r) * lda + d]), bv, acc##r);
+#define FA_RESCALE(r)                                                                          \
+    acc##r = _mm512_add_ps(                                                                    \
+        _mm512_mul_ps(_mm512_loadu_ps(c + (r) * ldc), _mm512_set1_ps(alpha[r])), acc##r);
+#define FA_SCALE(r) acc##r = _mm512_mul_ps(acc##r, sv);
+#define FA_STORE(r) _mm512_storeu_ps(c + (r) * ldc, acc##r);
     int64_t d;
-    int r;
-    for (r = 0; r < FA_MR; r++)
-        acc[r] = _mm512_setzero_ps();
+    FA_ROWS12(FA_DECL)
     for (d = 0; d < K; d++) {
         const __m512 bv = _mm512_loadu_ps(b + d * ldb);
-        for (r = 0; r < FA_MR; r++)
-            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(a[r * lda + d]), bv, acc[r]);
+        FA_ROWS12(FA_STEP)
     }
-    if (alpha) /* c * alpha + t, two roundings */
-        for (r = 0; r < FA_MR; r++)
-            acc[r] = _mm512_add_ps(
-                _mm512_mul_ps(_mm512_loadu_ps(c + r * ldc), _mm512_set1_ps(alpha[r])), acc[r]);
-    for (r = 0; r < FA_MR; r++)
-        _mm512_storeu_ps(c + r * ldc, acc[r]);
+    if (alpha) { /* c * alpha + t, two roundings */
+        FA_ROWS12(FA_RESCALE)
+    } else if (scale != 1.0f) {
+        const __m512 sv = _mm512_set1_ps(scale);
+        FA_ROWS12(FA_SCALE)
+    }
+    FA_ROWS12(FA_STORE)
+#undef FA_DECL
+#undef FA_STEP
+#undef FA_RESCALE
+#undef FA_SCALE
+#undef FA_STORE
 }
 
 /* One FA_MR x 32 block: two zmm accumulators a row (24 in all), the same sum
@@ -56,32 +73,45 @@ static FA_TARGET void gemm_block_avx512(const float *a, int64_t lda, const float
 #define FA_HAVE_GEMM_BLOCK2 1
 static FA_TARGET void gemm_block2_avx512(const float *a, int64_t lda, const float *b,
                                          int64_t ldb, int64_t K, float *c, int64_t ldc,
-                                         const float *alpha)
+                                         const float *alpha, float scale)
 {
-    __m512 acc0[FA_MR], acc1[FA_MR];
+#define FA_DECL(r) __m512 acc##r = _mm512_setzero_ps(), acd##r = _mm512_setzero_ps();
+#define FA_STEP(r)                                                                             \
+    {                                                                                          \
+        const __m512 ar = _mm512_set1_ps(a[(r) * lda + d]);                                    \
+        acc##r = _mm512_fmadd_ps(ar, b0, acc##r);                                              \
+        acd##r = _mm512_fmadd_ps(ar, b1, acd##r);                                              \
+    }
+#define FA_RESCALE(r)                                                                          \
+    {                                                                                          \
+        const __m512 al = _mm512_set1_ps(alpha[r]);                                            \
+        acc##r = _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(c + (r) * ldc), al), acc##r);     \
+        acd##r = _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(c + (r) * ldc + 16), al), acd##r);\
+    }
+#define FA_SCALE(r)                                                                            \
+    acc##r = _mm512_mul_ps(acc##r, sv);                                                        \
+    acd##r = _mm512_mul_ps(acd##r, sv);
+#define FA_STORE(r)                                                                            \
+    _mm512_storeu_ps(c + (r) * ldc, acc##r);                                                   \
+    _mm512_storeu_ps(c + (r) * ldc + 16, acd##r);
     int64_t d;
-    int r;
-    for (r = 0; r < FA_MR; r++)
-        acc0[r] = acc1[r] = _mm512_setzero_ps();
+    FA_ROWS12(FA_DECL)
     for (d = 0; d < K; d++) {
         const __m512 b0 = _mm512_loadu_ps(b + d * ldb), b1 = _mm512_loadu_ps(b + d * ldb + 16);
-        for (r = 0; r < FA_MR; r++) {
-            const __m512 ar = _mm512_set1_ps(a[r * lda + d]);
-            acc0[r] = _mm512_fmadd_ps(ar, b0, acc0[r]);
-            acc1[r] = _mm512_fmadd_ps(ar, b1, acc1[r]);
-        }
+        FA_ROWS12(FA_STEP)
     }
-    if (alpha) /* c * alpha + t, two roundings */
-        for (r = 0; r < FA_MR; r++) {
-            const __m512 al = _mm512_set1_ps(alpha[r]);
-            acc0[r] = _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(c + r * ldc), al), acc0[r]);
-            acc1[r] = _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(c + r * ldc + 16), al),
-                                    acc1[r]);
-        }
-    for (r = 0; r < FA_MR; r++) {
-        _mm512_storeu_ps(c + r * ldc, acc0[r]);
-        _mm512_storeu_ps(c + r * ldc + 16, acc1[r]);
+    if (alpha) { /* c * alpha + t, two roundings */
+        FA_ROWS12(FA_RESCALE)
+    } else if (scale != 1.0f) {
+        const __m512 sv = _mm512_set1_ps(scale);
+        FA_ROWS12(FA_SCALE)
     }
+    FA_ROWS12(FA_STORE)
+#undef FA_DECL
+#undef FA_STEP
+#undef FA_RESCALE
+#undef FA_SCALE
+#undef FA_STORE
 }
 
 /* 2**f for |f| <= 1/2: exp2_poly_avx2's polynomial, sixteen lanes. */
@@ -130,26 +160,29 @@ static inline FA_TARGET __m512 exp2_normal_avx512(__m512 x)
 #define FA_HAVE_TILE_SOFTMAX 1
 typedef char fa_avx512_tile_is_whole_registers[FA_BK % 16 == 0 ? 1 : -1];
 
-static FA_TARGET float tile_max_avx512(const float *s, int64_t nc, float m)
+static FA_TARGET float tile_max_avx512(const float *s, int64_t nc, float m, float *least)
 {
-    __m512 mx = _mm512_set1_ps(-INFINITY);
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    __m512 mx = ninf, mn = _mm512_set1_ps(INFINITY);
     __mmask16 nan = 0;
     float r;
     int jj;
     for (jj = 0; jj < nc; jj += 16) {
         const __m512 x = _mm512_loadu_ps(s + jj);
         mx = _mm512_max_ps(mx, x); /* a NaN x: caught by `nan` */
+        mn = _mm512_mask_min_ps(mn, _mm512_cmp_ps_mask(x, ninf, _CMP_NEQ_UQ), mn, x);
         nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
     }
+    *least = _mm512_reduce_min_ps(mn);
     if (nan || m != m)
         return NAN;
     r = _mm512_reduce_max_ps(mx);
     return r > m ? r : m;
 }
 
-/* s[0..nc) -> exp(s - m) in place (exactly 0 for -inf); returns the sixteen
- * lanes' sums. normal: every score above -inf lies within 85 of m, so
- * exp2_normal_avx512 serves (a constant at each call: two loops). */
+/* s[0..nc) -> exp(s - m) in place (exactly 0 for -inf) and their sum (the
+ * sixteen lanes' sums added). normal: every score above -inf lies within 85
+ * of m, so exp2_normal_avx512 serves (a constant at each call: two loops). */
 static FA_ALWAYS_INLINE FA_TARGET __m512 tile_exp_pass_avx512(float *s, int64_t nc, float m,
                                                               int normal)
 {
@@ -168,19 +201,9 @@ static FA_ALWAYS_INLINE FA_TARGET __m512 tile_exp_pass_avx512(float *s, int64_t 
     return sum;
 }
 
-/* exp(s - m) = 2**((s - m) log2 e) in place (exactly 0 for -inf) and their sum,
- * by exp2_normal_avx512 when every score above -inf lies within 85 of m (m is
- * not NaN here: tile_max's NaN rows never get this far with a finite m). */
-static FA_TARGET double tile_exp_avx512(float *s, int64_t nc, float m)
+static FA_TARGET double tile_exp_avx512(float *s, int64_t nc, float m, int normal)
 {
-    const __m512 ninf = _mm512_set1_ps(-INFINITY);
-    __m512 mn = _mm512_set1_ps(INFINITY);
-    int64_t jj;
-    for (jj = 0; jj < nc; jj += 16) { /* the least score above -inf */
-        const __m512 x = _mm512_loadu_ps(s + jj);
-        mn = _mm512_mask_min_ps(mn, _mm512_cmp_ps_mask(x, ninf, _CMP_NEQ_UQ), mn, x);
-    }
-    if (_mm512_reduce_min_ps(mn) - m >= -85.0f) /* false for NaN */
+    if (normal)
         return (double)_mm512_reduce_add_ps(tile_exp_pass_avx512(s, nc, m, 1));
     return (double)_mm512_reduce_add_ps(tile_exp_pass_avx512(s, nc, m, 0));
 }
