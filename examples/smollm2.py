@@ -599,10 +599,29 @@ class _NoTimings:
 _clock = time.perf_counter
 
 
-def _rms_norm(x, weight, eps):
-    """RMSNorm in float32: x / sqrt(mean(x**2) + eps) * weight (Zhang & Sennrich 2019)."""
-    ms = np.einsum("ij,ij->i", x, x)[:, None] / np.float32(x.shape[-1])
-    return x * (np.float32(1.0) / np.sqrt(ms + np.float32(eps))) * weight
+#: Rows that the elementwise steps (RMSNorm, RoPE, SwiGLU) take at a time, so
+#: that the several passes each makes over its rows stay in the core's cache
+#: (a prefill's whole (T, 3072) gate/up product does not).
+_ROWS = 32
+
+
+def _rms_norm(x, weight, eps, out=None):
+    """RMSNorm in float32: x / sqrt(mean(x**2) + eps) * weight (Zhang & Sennrich 2019).
+
+    Row by row (`_ROWS` at a time) into `out` (a new array if None), which is returned.
+    """
+    out = np.empty_like(x) if out is None else out
+    n, eps = np.float32(x.shape[-1]), np.float32(eps)
+    for r in range(0, x.shape[0], _ROWS):
+        xr, o = x[r:r + _ROWS], out[r:r + _ROWS]
+        s = np.einsum("ij,ij->i", xr, xr)
+        s /= n
+        s += eps
+        np.sqrt(s, out=s)
+        np.divide(np.float32(1.0), s, out=s)
+        np.multiply(xr, s[:, None], out=o)
+        o *= weight
+    return out
 
 
 def rope_tables(config, positions):
@@ -625,30 +644,60 @@ def rope_tables(config, positions):
 
 
 def _rope_table(config):
-    """:func:`rope_tables` for every position of the context, computed once per config.
+    """cos and signed sin of RoPE for every position of the context, computed once per config.
 
-    The decoding steps slice it instead of recomputing their row (the same
-    float32 values: each row depends only on its position).
+    :func:`rope_tables`, with the first half of each sin row negated (the
+    sign that ``rotate_half`` gives it; negating is exact). Each call of
+    :func:`forward` slices its positions' rows (the same float32 values:
+    each row depends only on its position).
     """
     table = _ROPE_TABLES.get(config)
     if table is None:
-        table = _ROPE_TABLES[config] = rope_tables(config, np.arange(config.context_length))
+        cos, sin = rope_tables(config, np.arange(config.context_length))
+        sin[..., :config.head_dim // 2] *= np.float32(-1.0)
+        table = _ROPE_TABLES[config] = cos, sin
     return table
 
 
 _ROPE_TABLES = {}
 
 
-def _rope(x, cos, sin):
+def _rope(x, cos, signed_sin, out):
     """Rotate each head's two halves (Hugging Face's ``rotate_half`` form), x (T, heads, D).
 
     ``x * cos + rotate_half(x) * sin`` with ``rotate_half(x) = (-x2, x1)``,
-    written as three products into one new array (the same roundings).
+    computed as ``x * cos + (x2, x1) * signed_sin`` (`signed_sin` is sin
+    with its first half negated, from :func:`_rope_table`: the same
+    roundings), written into `out` (T, heads, D), `_ROWS` rows at a time.
     """
-    half = x.shape[-1] // 2
-    out = x * cos
-    out[..., :half] -= x[..., half:] * sin[..., :half]
-    out[..., half:] += x[..., :half] * sin[..., half:]
+    T, heads, D = x.shape
+    swapped = np.empty((min(_ROWS, T), heads, 2, D // 2), np.float32)
+    for r in range(0, T, _ROWS):
+        xr, o = x[r:r + _ROWS], out[r:r + _ROWS]
+        halves, t = xr.reshape(-1, heads, 2, D // 2), swapped[:xr.shape[0]]
+        t[:, :, 0] = halves[:, :, 1]
+        t[:, :, 1] = halves[:, :, 0]
+        np.multiply(xr, cos[r:r + _ROWS], out=o)
+        t = t.reshape(xr.shape)
+        t *= signed_sin[r:r + _ROWS]
+        o += t
+    return out
+
+
+def _swiglu(gate_up, out):
+    """SwiGLU (Shazeer 2020): silu(gate) * up, silu(g) = g / (1 + exp(-g)), into `out`.
+
+    `gate_up` (T, 2 F) holds the gate then the up projection; `out` (T, F).
+    `_ROWS` rows at a time.
+    """
+    F = out.shape[1]
+    for r in range(0, gate_up.shape[0], _ROWS):
+        g, u, a = gate_up[r:r + _ROWS, :F], gate_up[r:r + _ROWS, F:], out[r:r + _ROWS]
+        np.negative(g, out=a)
+        np.exp(a, out=a)
+        a += np.float32(1.0)
+        np.divide(g, a, out=a)
+        a *= u
     return out
 
 
@@ -693,21 +742,26 @@ def forward(model, ids, cache, *, all_logits=False, attention=None, on_attention
                                                          enable_gqa=True)
     cache.reserve(T)
     start = cache.length
-    cos, sin = (t[start:start + T] for t in _rope_table(c))
+    cos, signed_sin = (t[start:start + T] for t in _rope_table(c))
     H, Hkv, D, F = c.n_heads, c.n_kv_heads, c.head_dim, c.ffn
     k_end = (H + Hkv) * D
 
-    def matmul(a, w):
+    def matmul(a, w, out):
         t0 = _clock()
-        r = a @ w
+        np.matmul(a, w, out=out)
         timer.add("matmul", _clock() - t0)
-        return r
+        return out
 
     x = p["embed"][ids]  # a new array (fancy indexing): the residual stream, updated in place
+    # Buffers of this call, reused by every layer (each holds one step's result)
+    h, y = np.empty_like(x), np.empty_like(x)  # normalised input; a projection's output
+    qkv = np.empty((T, (H + 2 * Hkv) * D), np.float32)
+    qk = np.empty((T, H + Hkv, D), np.float32)
+    gate_up, act = np.empty((T, 2 * F), np.float32), np.empty((T, F), np.float32)
     for i in range(c.n_layers):
-        h = _rms_norm(x, p[f"{i}.attn_norm"], c.rms_eps)
-        qkv = matmul(h, p[f"{i}.qkv"])  # q, k and v projections in one product
-        qk = _rope(qkv[:, :k_end].reshape(T, H + Hkv, D), cos, sin)  # q and k heads together
+        _rms_norm(x, p[f"{i}.attn_norm"], c.rms_eps, out=h)
+        matmul(h, p[f"{i}.qkv"], qkv)  # q, k and v projections in one product
+        _rope(qkv[:, :k_end].reshape(T, H + Hkv, D), cos, signed_sin, qk)  # q and k heads together
         k_all, v_all = cache.write(i, qk[:, H:].transpose(1, 0, 2),
                                    qkv[:, k_end:].reshape(T, Hkv, D).transpose(1, 0, 2))
         q = qk[:, :H].transpose(1, 0, 2)  # (H, T, D)
@@ -716,19 +770,13 @@ def forward(model, ids, cache, *, all_logits=False, attention=None, on_attention
         t0 = _clock()
         o = attention(q, k_all, v_all)
         timer.add("attention", _clock() - t0)
-        x += matmul(o.transpose(1, 0, 2).reshape(T, H * D), p[f"{i}.o"])
-        h = _rms_norm(x, p[f"{i}.ffn_norm"], c.rms_eps)
-        gate_up = matmul(h, p[f"{i}.gate_up"])  # gate and up projections in one product
-        # SwiGLU (Shazeer 2020): silu(gate) * up, silu(g) = g / (1 + exp(-g)), in one buffer
-        act = np.negative(gate_up[:, :F])
-        np.exp(act, out=act)
-        act += np.float32(1.0)
-        np.divide(gate_up[:, :F], act, out=act)
-        act *= gate_up[:, F:]
-        x += matmul(act, p[f"{i}.down"])
+        x += matmul(o.transpose(1, 0, 2).reshape(T, H * D), p[f"{i}.o"], y)
+        _rms_norm(x, p[f"{i}.ffn_norm"], c.rms_eps, out=h)
+        matmul(h, p[f"{i}.gate_up"], gate_up)  # gate and up projections in one product
+        x += matmul(_swiglu(gate_up, act), p[f"{i}.down"], y)
     cache.length = start + T
     x = _rms_norm(x if all_logits else x[-1:], p["norm"], c.rms_eps)
-    return matmul(x, p["lm_head"].T)
+    return matmul(x, p["lm_head"].T, np.empty((x.shape[0], c.vocab_size), np.float32))
 
 
 # ---------------------------------------------------------------- generation
