@@ -450,22 +450,31 @@ static FA_TARGET void FA_NAME(few_scores)(const float *q, int64_t nr, const void
         few_scores_dt_avx2(q, nr, k, FA_DTYPE_F32, rs, D, nk, s);
 }
 
-/* tile[r * Dvp + c] = sum over jj < nk of p[r * FA_BK + jj] vp[jj * ld + c] for
- * the nr rows (vp from v_tile: Dvp float32 columns): gemm_block_avx2's sum, one
- * fused multiply-add per key, jj ascending from 0, 16 columns at a time. */
-static FA_ALWAYS_INLINE FA_TARGET void few_pv_n_avx2(const float *p, const int nr, const float *vp,
-                                                     int64_t ld, int64_t Dvp, int64_t nk,
-                                                     float *tile)
+#ifndef FA_HAVE_FEW_PV /* (a variant that includes this file may bring its own) */
+/* tile[r * Dvp + c] = sum over jj < nk of p[r * FA_BK + jj] v[jj * ld + c] for
+ * the nr rows, the value rows read in place (ld elements of dtype dt apart,
+ * Dvp of them a row, converted by load8_avx2): gemm_block_avx2's sum, one
+ * fused multiply-add per key, jj ascending from 0, 16 columns at a time. nr
+ * and dt are constants in each inlined copy. A full tile: the value rows of
+ * the tile that follows are fetched ahead, a line at a time as they are read. */
+static FA_ALWAYS_INLINE FA_TARGET void few_pv_n_avx2(const float *p, const int nr, const void *v,
+                                                     const int dt, int64_t ld, int64_t Dvp,
+                                                     int64_t nk, float *tile)
 {
+    const int64_t esz = (int64_t)fa_dtype_size(dt);
+    const int64_t ahead = nk == FA_BK ? FA_BK * ld * esz : 0;
     int64_t c, jj;
     int r;
     for (c = 0; c < Dvp; c += 16) {
         __m256 a0[FA_FEW_ROWS], a1[FA_FEW_ROWS];
+        const int fetch = ahead && ((c * esz) & 63) == 0;
         for (r = 0; r < nr; r++)
             a0[r] = a1[r] = _mm256_setzero_ps();
         for (jj = 0; jj < nk; jj++) {
-            const __m256 v0 = _mm256_loadu_ps(vp + jj * ld + c);
-            const __m256 v1 = _mm256_loadu_ps(vp + jj * ld + c + 8);
+            const char *vr = (const char *)v + (jj * ld + c) * esz;
+            const __m256 v0 = load8_avx2(vr, dt), v1 = load8_avx2(vr + 8 * esz, dt);
+            if (fetch)
+                fa_prefetch(vr, ahead);
             for (r = 0; r < nr; r++) {
                 const __m256 pr = _mm256_broadcast_ss(p + r * FA_BK + jj);
                 a0[r] = _mm256_fmadd_ps(pr, v0, a0[r]);
@@ -479,23 +488,33 @@ static FA_ALWAYS_INLINE FA_TARGET void few_pv_n_avx2(const float *p, const int n
     }
 }
 
-static FA_TARGET void FA_NAME(few_pv)(const float *p, int64_t nr, const float *vp, int64_t ld,
-                                  int64_t Dvp, int64_t nk, float *tile)
+static FA_ALWAYS_INLINE FA_TARGET void few_pv_dt_avx2(const float *p, int64_t nr, const void *v,
+                                                      const int dt, int64_t ld, int64_t Dvp,
+                                                      int64_t nk, float *tile)
 {
-    if (nr > 6) { /* two passes: twelve accumulators at most */
-        few_pv_n_avx2(p, 4, vp, ld, Dvp, nk, tile);
-        FA_NAME(few_pv)(p + 4 * FA_BK, nr - 4, vp, ld, Dvp, nk, tile + 4 * Dvp);
-        return;
-    }
+    for (; nr > 6; nr -= 4, p += 4 * FA_BK, tile += 4 * Dvp) /* twelve accumulators at most */
+        few_pv_n_avx2(p, 4, v, dt, ld, Dvp, nk, tile);
     switch (nr) {
-    case 1: few_pv_n_avx2(p, 1, vp, ld, Dvp, nk, tile); break;
-    case 2: few_pv_n_avx2(p, 2, vp, ld, Dvp, nk, tile); break;
-    case 3: few_pv_n_avx2(p, 3, vp, ld, Dvp, nk, tile); break;
-    case 4: few_pv_n_avx2(p, 4, vp, ld, Dvp, nk, tile); break;
-    case 5: few_pv_n_avx2(p, 5, vp, ld, Dvp, nk, tile); break;
-    default: few_pv_n_avx2(p, 6, vp, ld, Dvp, nk, tile); break;
+    case 1: few_pv_n_avx2(p, 1, v, dt, ld, Dvp, nk, tile); break;
+    case 2: few_pv_n_avx2(p, 2, v, dt, ld, Dvp, nk, tile); break;
+    case 3: few_pv_n_avx2(p, 3, v, dt, ld, Dvp, nk, tile); break;
+    case 4: few_pv_n_avx2(p, 4, v, dt, ld, Dvp, nk, tile); break;
+    case 5: few_pv_n_avx2(p, 5, v, dt, ld, Dvp, nk, tile); break;
+    default: few_pv_n_avx2(p, 6, v, dt, ld, Dvp, nk, tile); break;
     }
 }
+
+static FA_TARGET void FA_NAME(few_pv)(const float *p, int64_t nr, const void *v, int dt,
+                                      int64_t ld, int64_t Dvp, int64_t nk, float *tile)
+{
+    if (dt == FA_DTYPE_F16)
+        few_pv_dt_avx2(p, nr, v, FA_DTYPE_F16, ld, Dvp, nk, tile);
+    else if (dt == FA_DTYPE_BF16)
+        few_pv_dt_avx2(p, nr, v, FA_DTYPE_BF16, ld, Dvp, nk, tile);
+    else
+        few_pv_dt_avx2(p, nr, v, FA_DTYPE_F32, ld, Dvp, nk, tile);
+}
+#endif
 
 /* Lanes [0, n) of eight (n < 8), as a mask for maskload / maskstore. */
 static inline FA_TARGET __m256i tail_mask_avx2(int64_t n)

@@ -208,6 +208,103 @@ static FA_TARGET double tile_exp_avx512(float *s, int64_t nc, float m, int norma
     return (double)_mm512_reduce_add_ps(tile_exp_pass_avx512(s, nc, m, 0));
 }
 
+/* Sixteen half-precision elements (the bits in h) of dtype dt as float32:
+ * cvt8_avx2's conversions (F16C's exact float16 one, bfloat16 by a shift
+ * into the top half), sixteen lanes. */
+static FA_ALWAYS_INLINE FA_TARGET __m512 cvt16_avx512(__m256i h, int dt)
+{
+    if (dt == FA_DTYPE_F16)
+        return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* Sixteen elements at p of dtype dt (a constant at each call) as float32. */
+static FA_ALWAYS_INLINE FA_TARGET __m512 load16_avx512(const void *p, int dt)
+{
+    if (dt == FA_DTYPE_F32)
+        return _mm512_loadu_ps((const float *)p);
+    return cvt16_avx512(_mm256_loadu_si256((const __m256i *)p), dt);
+}
+
+/* The few-rows P.V (kernels.inc's few_pv; the AVX2 one's sum, one fused
+ * multiply-add per key, jj ascending from 0, for each element) in 16-lane
+ * registers, W of them a row: columns [c, c + 16 W) of the nr rows over the
+ * keys, the value rows read in place (ld elements of dtype dt apart); the
+ * lines `ahead` bytes past those read are fetched ahead (0: none). */
+static FA_ALWAYS_INLINE FA_TARGET void few_pv_block_avx512(const float *p, const int nr,
+                                                           const int W, const void *v,
+                                                           const int dt, int64_t ld, int64_t c,
+                                                           int64_t Dvp, int64_t nk,
+                                                           int64_t ahead, float *tile)
+{
+    const int64_t esz = (int64_t)fa_dtype_size(dt);
+    __m512 acc[6][4];
+    int64_t jj, b;
+    int r, x;
+    for (r = 0; r < nr; r++)
+        for (x = 0; x < W; x++)
+            acc[r][x] = _mm512_setzero_ps();
+    for (jj = 0; jj < nk; jj++) {
+        const char *vr = (const char *)v + (jj * ld + c) * esz;
+        __m512 vx[4];
+        for (x = 0; x < W; x++)
+            vx[x] = load16_avx512(vr + 16 * x * esz, dt);
+        if (ahead)
+            for (b = 0; b < 16 * W * esz; b += 64)
+                fa_prefetch(vr, ahead + b);
+        for (r = 0; r < nr; r++) {
+            const __m512 pr = _mm512_set1_ps(p[r * FA_BK + jj]);
+            for (x = 0; x < W; x++)
+                acc[r][x] = _mm512_fmadd_ps(pr, vx[x], acc[r][x]);
+        }
+    }
+    for (r = 0; r < nr; r++)
+        for (x = 0; x < W; x++)
+            _mm512_storeu_ps(tile + r * Dvp + c + 16 * x, acc[r][x]);
+}
+
+/* nr <= 6 rows: 64 columns a pass (24 accumulators at most), then 16. */
+static FA_ALWAYS_INLINE FA_TARGET void few_pv_n_avx512(const float *p, const int nr, const void *v,
+                                                       const int dt, int64_t ld, int64_t Dvp,
+                                                       int64_t nk, int64_t ahead, float *tile)
+{
+    int64_t c = 0;
+    for (; c + 64 <= Dvp; c += 64)
+        few_pv_block_avx512(p, nr, 4, v, dt, ld, c, Dvp, nk, ahead, tile);
+    for (; c < Dvp; c += 16)
+        few_pv_block_avx512(p, nr, 1, v, dt, ld, c, Dvp, nk, ahead, tile);
+}
+
+static FA_ALWAYS_INLINE FA_TARGET void few_pv_dt_avx512(const float *p, int64_t nr, const void *v,
+                                                        const int dt, int64_t ld, int64_t Dvp,
+                                                        int64_t nk, float *tile)
+{
+    /* a full tile: the value rows of the tile that follows are fetched ahead */
+    const int64_t ahead = nk == FA_BK ? FA_BK * ld * (int64_t)fa_dtype_size(dt) : 0;
+    for (; nr > 6; nr -= 4, p += 4 * FA_BK, tile += 4 * Dvp)
+        few_pv_n_avx512(p, 4, v, dt, ld, Dvp, nk, ahead, tile);
+    switch (nr) {
+    case 1: few_pv_n_avx512(p, 1, v, dt, ld, Dvp, nk, ahead, tile); break;
+    case 2: few_pv_n_avx512(p, 2, v, dt, ld, Dvp, nk, ahead, tile); break;
+    case 3: few_pv_n_avx512(p, 3, v, dt, ld, Dvp, nk, ahead, tile); break;
+    case 4: few_pv_n_avx512(p, 4, v, dt, ld, Dvp, nk, ahead, tile); break;
+    case 5: few_pv_n_avx512(p, 5, v, dt, ld, Dvp, nk, ahead, tile); break;
+    default: few_pv_n_avx512(p, 6, v, dt, ld, Dvp, nk, ahead, tile); break;
+    }
+}
+
+#define FA_HAVE_FEW_PV 1
+static FA_TARGET void few_pv_avx512(const float *p, int64_t nr, const void *v, int dt, int64_t ld,
+                                    int64_t Dvp, int64_t nk, float *tile)
+{
+    if (dt == FA_DTYPE_F16)
+        few_pv_dt_avx512(p, nr, v, FA_DTYPE_F16, ld, Dvp, nk, tile);
+    else if (dt == FA_DTYPE_BF16)
+        few_pv_dt_avx512(p, nr, v, FA_DTYPE_BF16, ld, Dvp, nk, tile);
+    else
+        few_pv_dt_avx512(p, nr, v, FA_DTYPE_F32, ld, Dvp, nk, tile);
+}
+
 #include "kernels_avx2.c"
 #else
 typedef int fa_no_avx512_variant; /* ISO C forbids an empty translation unit */

@@ -185,6 +185,31 @@ def test_half_kv_non_finite_values(simd, rng, dtype):
     assert_same_bits(got[1], want[1])
 
 
+@pytest.mark.parametrize("dtype", HALF, ids=HALF_IDS)
+@pytest.mark.parametrize("Dv", [64, 40])
+def test_half_kv_non_finite_values_while_decoding(simd, rng, dtype, Dv):
+    # Decoding (one query row per head, a GQA group of 4 rows): half-precision
+    # values are read in place and checked only when a tile's products are not
+    # finite; a NaN in a key that a window leaves out must not reach the
+    # output, an inf in an allowed key must, and each row's bits are those of
+    # the float32 call.
+    q, k, v = qkv(rng, (2, 8, 1, 32), (2, 2, 300, 32), (2, 2, 300, Dv))
+    v[0, 0, 100, 3] = np.nan   # outside the window of every row (keys >= 236)
+    v[0, 1, 250, 5] = np.inf   # allowed
+    v[1, 0, 299, 0] = -np.inf  # allowed (the last, partial tile)
+    kw = dict(window=(63, 0), enable_gqa=True)
+    got, want = both(kw, q, k.astype(dtype), v.astype(dtype))
+    assert_same_bits(got[0], want[0])
+    assert_same_bits(got[1], want[1])
+    assert np.isfinite(got[0][0, :4]).all()  # the NaN never arrives
+    assert not np.isfinite(got[0][0, 4:, 0, 5]).any()
+    assert not np.isfinite(got[0][1, :4, 0, 0]).any()
+    # unmasked, the NaN reaches its column in every row of its group
+    got, want = both(dict(enable_gqa=True), q, k.astype(dtype), v.astype(dtype))
+    assert np.isnan(got[0][0, :4, 0, 3]).all()
+    assert_same_bits(got[0], want[0])
+
+
 def _all_bit_patterns(dtype):
     bits = np.arange(65536, dtype=np.uint32).astype(np.uint16)
     return bits.view(dtype)
