@@ -210,22 +210,34 @@ static inline void fa_prefetch(const void *p, int64_t off)
 #define FA_LOG2E 1.44269504088896341f
 
 /*
- * tanh(x) in float32, for soft-capped scores (c tanh(s / c)). |x| < 0.625:
- * x + x**3 P(x**2) with P of degree 4 fitted for the least relative error on
- * [0, 0.625] (0.8 ulp in float32 evaluation); elsewhere (1 - t) / (1 + t)
- * with t = exp(-2|x|) = 2**(-2 log2(e) |x|) from fa_exp2f (t <= 0.29: no
- * cancellation); both on |x|, the sign (of zero too) copied from x. Within 4 ulp of tanh (the tests hold
- * every SIMD variant to that); +-inf give +-1, NaN gives NaN. Branch-free:
- * both forms are computed and one is selected, so loops over it vectorise.
+ * tanh(x) in float32, for soft-capped scores (c tanh(s / c)). |x| < 0.625
+ * (FA_TANH_SMALL): x + x**3 P(x**2) with P of degree 4 fitted for the least
+ * relative error on [0, 0.625] (0.8 ulp in float32 evaluation; fa_tanh_small,
+ * on |x|); elsewhere (1 - t) / (1 + t) with t = exp(-2|x|) = 2**(-2 log2(e)
+ * |x|) from fa_exp2f (t <= 0.29: no cancellation); both on |x|, the sign (of
+ * zero too) copied from x. Within 4 ulp of tanh (the tests hold every SIMD
+ * variant to that); +-inf give +-1, NaN gives NaN. Branch-free: both forms are
+ * computed and one is selected, so loops over it vectorise. A loop whose
+ * arguments all lie below FA_TANH_SMALL in magnitude may call
+ * copysignf(fa_tanh_small(|x|), x) instead: the same bits, without the
+ * exponential and the division.
  */
+#define FA_TANH_SMALL 0.625f
+
+static inline FA_TARGET float fa_tanh_small(float ax)
+{
+    const float x2 = ax * ax;
+    return ax + (ax * x2) * (-0.3333324194f + x2 * (0.1333059072f + x2 * (-0.05367867276f
+           + x2 * (0.02046200633f + x2 * -0.005525179673f))));
+}
+
 static inline FA_TARGET float fa_tanhf(float x)
 {
-    const float ax = fabsf(x), x2 = ax * ax;
-    const float p = ax + (ax * x2) * (-0.3333324194f + x2 * (0.1333059072f + x2 * (-0.05367867276f
-                    + x2 * (0.02046200633f + x2 * -0.005525179673f))));
+    const float ax = fabsf(x);
+    const float p = fa_tanh_small(ax);
     const float t = fa_exp2f(ax * -2.88539008f);
     const float big = (1.0f - t) / (1.0f + t);
-    return copysignf(ax < 0.625f ? p : big, x);
+    return copysignf(ax < FA_TANH_SMALL ? p : big, x);
 }
 
 /* Threads actually used for `work` units (e.g. multiply-adds), given a cap. */

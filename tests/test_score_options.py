@@ -506,3 +506,45 @@ def test_alibi_and_document_masks_match_pytorch(rng):
     np.testing.assert_allclose(
         fastattn.causal_attention(q, k, v, segment_ids=ids), t_docs.numpy(), rtol=1e-4,
         atol=1e-5)
+
+
+@pytest.mark.parametrize("alibi", [False, True])
+def test_softcap_polynomial_pass_has_the_full_forms_bits(simd, alibi):
+    # A tile row whose scores all lie within 0.625 c takes tanh's polynomial
+    # form alone; one large score anywhere in the row (here a key masked out
+    # by a float -inf) sends it through the full form. The rows must get the
+    # same bits either way: the masked key adds nothing. (One more query row
+    # at the end keeps the rows' positions, which ALiBi reads, those of the
+    # smaller call.)
+    rng = np.random.default_rng(11)
+    H, L, S, D = 2, 30, 40, 16
+    q, k, v = qkv(rng, (H, L + 1, D), (H, S + 1, D), (H, S + 1, 8))
+    k[:, S, :] = 1e3  # |q . k| of about 1e3 at key S: far above 0.625 c
+    kw = {"softcap": 20.0}
+    if alibi:
+        kw["alibi_slopes"] = np.array([0.5, 0.125], np.float32)
+    big = np.zeros((L + 1, S + 1), np.float32)
+    big[:, S] = -np.inf
+    small = np.zeros((L, S), np.float32)
+    o_small, l_small = _sdpa(q[:, :L], k[:, :S], v[:, :S], attn_mask=small, **kw)
+    o_big, l_big = _sdpa(q, k, v, attn_mask=big, **kw)
+    assert_same_bits(o_big[:, :L], o_small)
+    assert_same_bits(l_big[:, :L], l_small)
+    ro, rl = ref.scaled_dot_product_attention(q[:, :L], k[:, :S], v[:, :S], small,
+                                              return_lse=True, **kw)
+    assert_close(o_small, ro, **tol(kw, L, S))
+    assert_close(l_small, rl, **tol(kw, L, S))
+
+
+@pytest.mark.parametrize("cap", [0.3, 50.0])
+def test_softcap_both_tanh_forms_match_the_reference(simd, cap):
+    # cap 50: every tile row's scores within 0.625 c (the polynomial pass);
+    # cap 0.3: nearly every row past it (the full form), with ALiBi and causal.
+    rng = np.random.default_rng(12)
+    q, k, v = qkv(rng, (2, 3, 150, 24), (2, 3, 170, 24), (2, 3, 170, 16))
+    for extra in [{}, {"alibi_slopes": np.array([0.5, 0.1, 0.0], np.float32)}]:
+        kw = {"softcap": cap, "is_causal": True, **extra}
+        o, lse = _sdpa(q, k, v, **kw)
+        ro, rl = ref.scaled_dot_product_attention(q, k, v, return_lse=True, **kw)
+        assert_close(o, ro, **tol(kw, 150, 170))
+        assert_close(lse, rl, **tol(kw, 150, 170))
