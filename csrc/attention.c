@@ -14,7 +14,7 @@
  *   l' = alpha l + sum_j p_j,  acc' = alpha acc + sum_j p_j v_j,
  * and finally o = acc / l, lse = m + log(l). Keys are reduced in chunks of
  * FA_CK from key 0 (the online softmax within a chunk, then the chunks' results
- * folded in chunk order: fa_merge_chunk); a unit that holds too large a share
+ * folded in chunk order: merge_chunk); a unit that holds too large a share
  * of the work for the threads (decoding: one query row per head) has each of
  * its chunks as a work item of its own, and the partials are folded
  * afterwards in the same order, with the same bits. One thread policy
@@ -122,78 +122,6 @@ static int scratch_alloc(fa_scratch *w, int64_t D, int64_t Dv)
     }
     w->Dvp = (int64_t)Dvp;
     return FA_OK;
-}
-
-void fa_merge_chunk(int64_t nr, int64_t Dvp, const float *m, const double *l, const float *acc,
-                    float *M, double *L, float *A)
-{
-    int64_t r, d;
-    for (r = 0; r < nr; r++) {
-        const float mc = m[r], mo = M[r];
-        const float *src = acc + r * Dvp;
-        float *dst = A + r * Dvp;
-        float mn, f, g;
-        if (mc == -INFINITY)
-            continue; /* no key of this row in the chunk, or all scores -inf */
-        if (mo == -INFINITY) { /* the first chunk with keys: taken as it is */
-            M[r] = mc;
-            L[r] = l[r];
-            for (d = 0; d < Dvp; d++)
-                dst[d] = src[d];
-            continue;
-        }
-        mn = (mo != mo || mc != mc) ? NAN : (mc > mo ? mc : mo); /* NaN-propagating max */
-        f = fa_exp2f((mo - mn) * FA_LOG2E);
-        g = fa_exp2f((mc - mn) * FA_LOG2E);
-        L[r] = L[r] * (double)f + l[r] * (double)g;
-        for (d = 0; d < Dvp; d++)
-            dst[d] = dst[d] * f + src[d] * g;
-        M[r] = mn;
-    }
-}
-
-void fa_finish_rows(const fa_attn_args *a, const fa_unit *u, int64_t Dvp, const float *M,
-                    const double *L, const float *A, float *out, float *lse)
-{
-    const int64_t Dv = a->Dv, nr = u->nh * u->nq;
-    int64_t r, d;
-    for (r = 0; r < nr; r++) {
-        const int64_t b = u->b0 + r / u->nq, i = u->i0 + r % u->nq;
-        const int64_t row = a->o_off ? a->lse_off[b] + i * a->lse_rs : b * a->L + i;
-        const float m = M[r];
-        const float sink = a->sinks ? a->sinks[b] : -INFINITY; /* -inf: no sink */
-        const float *acc = A + r * Dvp;
-        float *o = Dv == 0 ? NULL : out + (a->o_off ? a->o_off[b] + i * a->o_rs : row * Dv);
-        float lse_r;
-        if (m != m || m == INFINITY || sink != sink) {
-            /* NaN among the allowed scores or a NaN sink, or an allowed +inf */
-            for (d = 0; d < Dv; d++)
-                o[d] = NAN;
-            lse_r = sink != sink ? sink : m;
-        } else if (m == -INFINITY || sink == INFINITY) {
-            /* no allowed key (or all scores -inf): the sink alone, lse = sink
-             * (-inf without one); a +inf sink takes all the weight */
-            for (d = 0; d < Dv; d++)
-                o[d] = 0.0f;
-            lse_r = m == -INFINITY ? sink : INFINITY;
-        } else if (sink == -INFINITY) {
-            const double inv = 1.0 / L[r];
-            for (d = 0; d < Dv; d++)
-                o[d] = (float)((double)acc[d] * inv);
-            lse_r = lse ? (float)((double)m + log(L[r])) : 0.0f; /* the log only if asked */
-        } else {
-            /* the sink's exp(sink) joins the sum: both shifted by the larger */
-            const double mm = sink > m ? (double)sink : (double)m;
-            const double f = exp((double)m - mm);
-            const double den = L[r] * f + exp((double)sink - mm);
-            const double scale = f / den;
-            for (d = 0; d < Dv; d++)
-                o[d] = (float)((double)acc[d] * scale);
-            lse_r = (float)(mm + log(den));
-        }
-        if (lse)
-            lse[row] = lse_r;
-    }
 }
 
 /* 1 if batch items b and c read the same k and v (and pages). */
@@ -607,10 +535,10 @@ static int plan_run(const fa_plan *pl, float *out, float *lse, float *weights, i
                         w.lt[r] = 0.0;
                     }
                     for (c = 0; c < f->c_hi - f->c_lo; c++)
-                        fa_merge_chunk(nr, Dvp, pl->pm + (s0 + c) * nrmax,
+                        kern->merge_chunk(nr, Dvp, pl->pm + (s0 + c) * nrmax,
                                        pl->pl + (s0 + c) * nrmax,
                                        pl->pacc + (s0 + c) * nrmax * Dvp, w.mt, w.lt, w.acct);
-                    fa_finish_rows(p->a, &u, Dvp, w.mt, w.lt, w.acct, out, lse);
+                    kern->finish_rows(p->a, &u, Dvp, w.mt, w.lt, w.acct, out, lse);
                 }
             }
         }

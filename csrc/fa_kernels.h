@@ -95,6 +95,13 @@ typedef struct {
     void (*exp_diff_array)(const float *x, float m, float *y, int64_t n);
     void (*exp2_array)(const float *x, float *y, int64_t n);
     void (*tanh_array)(const float *x, float *y, int64_t n);
+    /* A chunk's partial (m, l, acc) of nr rows folded into the totals (M, L,
+     * A); the rows' output and lse written from the totals (sdpa_unit's own
+     * last steps, for the units split over threads). */
+    void (*merge_chunk)(int64_t nr, int64_t Dvp, const float *m, const double *l,
+                        const float *acc, float *M, double *L, float *A);
+    void (*finish_rows)(const fa_attn_args *a, const fa_unit *u, int64_t Dvp, const float *M,
+                        const double *L, const float *A, float *out, float *lse);
 } fa_kernel_table;
 
 extern const fa_kernel_table fa_kernels_generic;
@@ -102,14 +109,6 @@ extern const fa_kernel_table fa_kernels_generic;
 extern const fa_kernel_table fa_kernels_avx2;
 extern const fa_kernel_table fa_kernels_avx512;
 #endif
-
-/* Folds a chunk's partial (m, l, acc) of nr rows into the totals (M, L, A),
- * and writes the rows' output and lse from the totals (attention.c: compiled
- * once, for every variant and for split and whole units alike). */
-void fa_merge_chunk(int64_t nr, int64_t Dvp, const float *m, const double *l, const float *acc,
-                    float *M, double *L, float *A);
-void fa_finish_rows(const fa_attn_args *a, const fa_unit *u, int64_t Dvp, const float *M,
-                    const double *L, const float *A, float *out, float *lse);
 
 /* The table in use (selected on first use if fa_select_simd was not called). */
 const fa_kernel_table *fa_active_kernels(void);
