@@ -51,7 +51,7 @@ static void scratch_free(fa_scratch *w)
     w->arena = NULL;
 }
 
-#define FA_SCRATCH_BUFFERS 19 /* the buffers of fa_scratch */
+#define FA_SCRATCH_BUFFERS 20 /* the buffers of fa_scratch */
 
 static int scratch_alloc(fa_scratch *w, int64_t D, int64_t Dv)
 {
@@ -77,6 +77,7 @@ static int scratch_alloc(fa_scratch *w, int64_t D, int64_t Dv)
         FA_BQ * sizeof(double),                /* lt */
         (FA_BQ * Dvp + 1) * sizeof(float),     /* acct */
         2 * FA_BQ * sizeof(float),             /* tmax */
+        FA_MAX_MR * FA_NR * sizeof(float),     /* pvo */
     };
     void **slots[FA_SCRATCH_BUFFERS];
     size_t offs[FA_SCRATCH_BUFFERS], total = 0;
@@ -104,6 +105,7 @@ static int scratch_alloc(fa_scratch *w, int64_t D, int64_t Dv)
     slots[16] = (void **)&w->lt;
     slots[17] = (void **)&w->acct;
     slots[18] = (void **)&w->tmax;
+    slots[19] = (void **)&w->pvo;
     for (i = 0; i < FA_SCRATCH_BUFFERS; i++) {
         offs[i] = total;
         total += (sizes[i] + 2 * FA_SCRATCH_ALIGN - 1) / FA_SCRATCH_ALIGN * FA_SCRATCH_ALIGN;

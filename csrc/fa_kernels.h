@@ -72,6 +72,7 @@ typedef struct {
     unsigned char *live; /* FA_BQ: row has an allowed key in the current tile */
     float *prow;      /* FA_MAX_MR x FA_BK one row's probabilities, zero padded */
     float *vrow;      /* FA_BK x Dvp  the value tile as one row weighs it */
+    float *pvo;       /* FA_MAX_MR x FA_NR one micro-kernel block of that row's products */
     unsigned char *allow; /* FA_BQ x FA_BK: key allowed (score > -inf), kept for
                            * tiles whose value rows are not all finite */
     float *mt;        /* FA_BQ       the rows' totals over the chunks done: max, */
