@@ -201,15 +201,52 @@ static int check_args(const fa_attn_args *a, int nthreads)
 
 /* The geometry of the work units (see fa_unit). */
 typedef struct {
-    int64_t G, nh, nhs, nq, nqt, nunits;
+    int64_t G, kvh, nh, nhs, nq, nqt, nunits;
 } fa_units;
 
-/* The units of a: groups of G items that share k and v, cut into slices of
- * nh heads and tiles of nq query rows (a unit holds at most FA_BQ rows). */
-static fa_units unit_geometry(const fa_attn_args *a)
+/* 1 if batch item b's k and v rows lie within those of item c (the same key
+ * row holds both heads: a (B, S, H, D) cache), on the same pages. */
+static int shares_rows(const fa_attn_args *a, int64_t b, int64_t c)
+{
+    const int64_t dk = a->k_off[b] - a->k_off[c], dv = a->v_off[b] - a->v_off[c];
+    return dk > -a->k_rs && dk < a->k_rs && dv > -a->v_rs && dv < a->v_rs
+           && (!a->block_table || a->bt_off[b] == a->bt_off[c]);
+}
+
+/* Decoding (a GQA group's query rows fit the few-rows kernels) from k and v
+ * whose kv heads share their rows: how many consecutive groups of G items
+ * (each sharing its k and v) read the same rows, if the whole batch is made
+ * of such runs (at most FA_BQ rows in all); else 1. A unit of those groups
+ * reads each key tile's rows for all of them, where separate units would
+ * each read a fraction of every row, one row per memory page. */
+static int64_t row_groups(const fa_attn_args *a, int64_t G)
+{
+    int64_t m = 1, b, i;
+    if (a->L * G > FA_FEW_ROWS || a->Dv <= 0 || a->Dv % FA_NR != 0 || a->S <= 0
+        || (a->k_rs == a->D && a->v_rs == a->Dv))
+        return 1;
+    while ((m + 1) * G <= a->nbatch && (m + 1) * G * a->L <= FA_BQ && shares_rows(a, m * G, 0))
+        m++;
+    if (m == 1 || a->nbatch % (m * G) != 0)
+        return 1;
+    for (b = 0; b < a->nbatch; b += m * G)
+        for (i = 1; i < m; i++)
+            if (!shares_rows(a, b + i * G, b))
+                return 1;
+    return m;
+}
+
+/* The units of a: groups of G items (several kv heads' groups, rows: see
+ * row_groups) cut into slices of nh heads and tiles of nq query rows (a
+ * unit holds at most FA_BQ rows). rows: 1 to let a unit hold several kv
+ * heads (the SDPA kernel), 0 for one kv head a unit (the weights). */
+static fa_units unit_geometry(const fa_attn_args *a, int rows)
 {
     fa_units g;
     g.G = a->nbatch > 0 ? kv_group(a) : 1;
+    g.kvh = g.G;
+    if (rows && a->nbatch > 0 && a->L > 0)
+        g.G *= row_groups(a, g.G);
     g.nh = g.G < FA_BQ ? g.G : FA_BQ;          /* heads per unit */
     g.nhs = (g.G + g.nh - 1) / g.nh;           /* head slices per group */
     g.nq = FA_BQ / g.nh;                       /* query rows per head */
@@ -228,6 +265,7 @@ static fa_unit unit_at(const fa_attn_args *a, const fa_units *g, int64_t n, int6
     fa_unit u;
     u.b0 = grp * g->G + hs * g->nh;
     u.nh = g->G - hs * g->nh < g->nh ? g->G - hs * g->nh : g->nh;
+    u.kvh = g->kvh < g->G ? g->kvh : u.nh; /* (a unit of several kv heads holds them all) */
     u.i0 = qt * g->nq;
     u.nq = a->L - u.i0 < g->nq ? a->L - u.i0 : g->nq;
     u.chunk = chunk;
@@ -310,7 +348,7 @@ static int split_unit(const fa_attn_args *a, const fa_unit *u, double c, double 
 {
     if (nt_max >= 2 && c * 4.0 * (double)nt_max > total)
         return 1;
-    return u->nh * u->nq <= FA_FEW_ROWS && (a->k_rs != a->D || (a->Dv > 0 && a->v_rs != a->Dv));
+    return u->kvh * u->nq <= FA_FEW_ROWS && (a->k_rs != a->D || (a->Dv > 0 && a->v_rs != a->Dv));
 }
 
 static int problem_cmp(const void *x, const void *y)
@@ -350,7 +388,7 @@ static int plan_build(const fa_attn_args *a, int64_t nprob, int split, int nthre
     for (p = 0; p < nprob; p++) {
         const fa_attn_args *q = &a[p];
         pr[p].a = q;
-        pr[p].g = unit_geometry(q);
+        pr[p].g = unit_geometry(q, split);
         pr[p].index = p;
         pr[p].cost = 0.0;
         for (n = 0; n < pr[p].g.nunits; n++) {

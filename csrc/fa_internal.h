@@ -197,7 +197,15 @@ static inline const void *fa_kv_tile(const fa_attn_args *a, int64_t b, int v, in
 static inline void fa_prefetch(const void *p, int64_t off)
 {
 #if defined(__GNUC__) || defined(__clang__)
-    __builtin_prefetch((const void *)((uintptr_t)p + (uintptr_t)off), 0, 3);
+#ifndef FA_PF_LOCALITY
+#define FA_PF_LOCALITY 3
+#endif
+#ifdef FA_PF_NONE
+    (void)p;
+    (void)off;
+#else
+    __builtin_prefetch((const void *)((uintptr_t)p + (uintptr_t)off), 0, FA_PF_LOCALITY);
+#endif
 #else
     (void)p;
     (void)off;

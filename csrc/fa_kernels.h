@@ -38,11 +38,19 @@
  * read from k's and v's rows in place instead of packed tiles of FA_MR-row
  * blocks. */
 #define FA_FEW_ROWS 8
+#ifndef FA_PF_TILES
+#define FA_PF_TILES 1
+#endif
 
-/* Rows of one attention work unit: heads b0 .. b0+nh-1 (batch items that share
- * k and v), query rows i0 .. i0+nq-1 of each; row r is (b0 + r / nq, i0 + r % nq). */
+/* Rows of one attention work unit: heads b0 .. b0+nh-1, query rows i0 ..
+ * i0+nq-1 of each; row r is (b0 + r / nq, i0 + r % nq). Each run of kvh
+ * heads from b0 on shares its k and v (kvh = nh, or, in decoding from a cache
+ * whose kv heads share their rows, a (B, S, H, D) layout, the GQA group of
+ * each of several kv heads: the unit then reads each key tile's rows for all
+ * of its kv heads at once, in memory order). */
 typedef struct {
     int64_t b0, nh, i0, nq;
+    int64_t kvh;   /* heads per k and v (divides nh) */
     int64_t chunk; /* split work: the one key chunk to compute, into a partial */
 } fa_unit;
 

@@ -373,6 +373,7 @@ static FA_TARGET int FA_NAME(load_row)(const void *src, int dt, int64_t n, float
     return load_row_dt_avx2(src, FA_DTYPE_F32, n, dst, ahead);
 }
 
+#ifndef FA_HAVE_FEW_SCORES /* (a variant that includes this file may bring its own) */
 /*
  * The few-rows kernels (see kernels.inc): the products of gemm_block_avx2 for
  * nr <= FA_FEW_ROWS query rows, k and v read in place. Scores: eight keys at
@@ -387,7 +388,7 @@ static FA_ALWAYS_INLINE FA_TARGET void few_scores_n_avx2(const float *q, const i
 {
     const int64_t esz = (int64_t)fa_dtype_size(dt);
     /* a full tile: the rows of the tile that follows are fetched ahead */
-    const int64_t ahead = nk == FA_BK ? FA_BK * rs * esz : 0;
+    const int64_t ahead = nk == FA_BK ? FA_PF_TILES * FA_BK * rs * esz : 0;
     int64_t jb, d;
     int r, i;
     for (jb = 0; jb < nk; jb += 8) {
@@ -438,7 +439,6 @@ static FA_ALWAYS_INLINE FA_TARGET void few_scores_dt_avx2(const float *q, int64_
     }
 }
 
-#define FA_HAVE_FEW_KERNELS 1
 static FA_TARGET void FA_NAME(few_scores)(const float *q, int64_t nr, const void *k, int dt,
                                       int64_t rs, int64_t D, int64_t nk, float *s)
 {
@@ -449,6 +449,8 @@ static FA_TARGET void FA_NAME(few_scores)(const float *q, int64_t nr, const void
     else
         few_scores_dt_avx2(q, nr, k, FA_DTYPE_F32, rs, D, nk, s);
 }
+#endif
+#define FA_HAVE_FEW_KERNELS 1
 
 #ifndef FA_HAVE_FEW_PV /* (a variant that includes this file may bring its own) */
 /* tile[r * Dvp + c] = sum over jj < nk of p[r * FA_BK + jj] v[jj * ld + c] for
@@ -462,7 +464,7 @@ static FA_ALWAYS_INLINE FA_TARGET void few_pv_n_avx2(const float *p, const int n
                                                      int64_t nk, float *tile)
 {
     const int64_t esz = (int64_t)fa_dtype_size(dt);
-    const int64_t ahead = nk == FA_BK ? FA_BK * ld * esz : 0;
+    const int64_t ahead = nk == FA_BK ? FA_PF_TILES * FA_BK * ld * esz : 0;
     int64_t c, jj;
     int r;
     for (c = 0; c < Dvp; c += 16) {

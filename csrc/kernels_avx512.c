@@ -280,7 +280,7 @@ static FA_ALWAYS_INLINE FA_TARGET void few_pv_dt_avx512(const float *p, int64_t 
                                                         int64_t nk, float *tile)
 {
     /* a full tile: the value rows of the tile that follows are fetched ahead */
-    const int64_t ahead = nk == FA_BK ? FA_BK * ld * (int64_t)fa_dtype_size(dt) : 0;
+    const int64_t ahead = nk == FA_BK ? FA_PF_TILES * FA_BK * ld * (int64_t)fa_dtype_size(dt) : 0;
     for (; nr > 6; nr -= 4, p += 4 * FA_BK, tile += 4 * Dvp)
         few_pv_n_avx512(p, 4, v, dt, ld, Dvp, nk, ahead, tile);
     switch (nr) {
@@ -303,6 +303,157 @@ static FA_TARGET void few_pv_avx512(const float *p, int64_t nr, const void *v, i
         few_pv_dt_avx512(p, nr, v, FA_DTYPE_BF16, ld, Dvp, nk, tile);
     else
         few_pv_dt_avx512(p, nr, v, FA_DTYPE_F32, ld, Dvp, nk, tile);
+}
+
+/*
+ * The few-rows scores (kernels.inc's few_scores: s[r * FA_BK + jj] = q_r . k_jj,
+ * one fused multiply-add per step of d, d ascending from 0, as the
+ * micro-kernel sums) sixteen keys at a time in 16-lane registers: register i
+ * of a step holds keys i and i + 8 (eight elements of each, one per 256-bit
+ * half), and an 8 x 8 transpose within each half (24 shuffles for 128
+ * elements, against the AVX2 kernel's 24 for 64) leaves each d's sixteen
+ * keys in one register, in the lane order FA_PERM16 (the same for every d,
+ * so each lane sums one key's terms in order; put back in order at the
+ * store). Four query rows then have four chains of sixteen keys each, twice
+ * the AVX2 kernel's work per fused multiply-add. bfloat16 rows take sixteen
+ * elements of each key a step: a 32-bit lane holds two of them, the even one
+ * its low half shifted up, the odd one its high half with the low bits
+ * cleared (both exact conversions, no shuffle); the even and odd elements
+ * are transposed apart and their products taken in d order.
+ */
+#define FA_HAVE_FEW_SCORES 1
+
+/* Lane l of a transposed register holds key FA_PERM16[l] of the sixteen. */
+static const int FA_PERM16[16] = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15};
+
+/* z[i] = (key i | key i + 8), eight elements each -> z[e] = element e of the
+ * sixteen keys, in the order of FA_PERM16. */
+static FA_ALWAYS_INLINE FA_TARGET void transpose_halves_avx512(__m512 z[8])
+{
+    const __m512 t0 = _mm512_unpacklo_ps(z[0], z[1]), t1 = _mm512_unpackhi_ps(z[0], z[1]);
+    const __m512 t2 = _mm512_unpacklo_ps(z[2], z[3]), t3 = _mm512_unpackhi_ps(z[2], z[3]);
+    const __m512 t4 = _mm512_unpacklo_ps(z[4], z[5]), t5 = _mm512_unpackhi_ps(z[4], z[5]);
+    const __m512 t6 = _mm512_unpacklo_ps(z[6], z[7]), t7 = _mm512_unpackhi_ps(z[6], z[7]);
+    const __m512 u0 = _mm512_shuffle_ps(t0, t2, 0x44), u1 = _mm512_shuffle_ps(t0, t2, 0xEE);
+    const __m512 u2 = _mm512_shuffle_ps(t1, t3, 0x44), u3 = _mm512_shuffle_ps(t1, t3, 0xEE);
+    const __m512 u4 = _mm512_shuffle_ps(t4, t6, 0x44), u5 = _mm512_shuffle_ps(t4, t6, 0xEE);
+    const __m512 u6 = _mm512_shuffle_ps(t5, t7, 0x44), u7 = _mm512_shuffle_ps(t5, t7, 0xEE);
+    /* 128-bit blocks: u0 holds element 0 of keys 0-3, element 4 of keys 0-3,
+     * element 0 of keys 8-11, element 4 of keys 8-11; u4 the same of keys 4-7
+     * and 12-15 */
+    z[0] = _mm512_shuffle_f32x4(u0, u4, 0x88);
+    z[1] = _mm512_shuffle_f32x4(u1, u5, 0x88);
+    z[2] = _mm512_shuffle_f32x4(u2, u6, 0x88);
+    z[3] = _mm512_shuffle_f32x4(u3, u7, 0x88);
+    z[4] = _mm512_shuffle_f32x4(u0, u4, 0xDD);
+    z[5] = _mm512_shuffle_f32x4(u1, u5, 0xDD);
+    z[6] = _mm512_shuffle_f32x4(u2, u6, 0xDD);
+    z[7] = _mm512_shuffle_f32x4(u3, u7, 0xDD);
+}
+
+/* Eight elements at p of dtype dt (float32 or float16) as float32. */
+static FA_ALWAYS_INLINE FA_TARGET __m256 load8_f_avx512(const char *p, int dt)
+{
+    if (dt == FA_DTYPE_F16)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_loadu_ps((const float *)p);
+}
+
+static FA_ALWAYS_INLINE FA_TARGET void few_scores_n_avx512(const float *q, const int nr,
+                                                           const void *k, const int dt,
+                                                           int64_t rs, int64_t D, int64_t nk,
+                                                           float *s)
+{
+    const int64_t esz = (int64_t)fa_dtype_size(dt);
+    /* a full tile: the rows of the tile that follows are fetched ahead */
+    const int64_t ahead = nk == FA_BK ? FA_PF_TILES * FA_BK * rs * esz : 0;
+    /* elements of each key a step: 32 bytes of a row */
+    const int64_t step = dt == FA_DTYPE_BF16 ? 16 : 8;
+    int64_t jb, d;
+    int r, i;
+    for (jb = 0; jb < nk; jb += 16) {
+        const char *kr[16];
+        __m512 acc[FA_FEW_ROWS];
+        for (i = 0; i < 16; i++) /* keys past nk: any row (their scores are masked) */
+            kr[i] = (const char *)k + (jb + i < nk ? jb + i : nk - 1) * rs * esz;
+        for (r = 0; r < nr; r++)
+            acc[r] = _mm512_setzero_ps();
+        for (d = 0; d + step <= D; d += step) {
+            __m512 z[8];
+            if (ahead && ((d * esz) & 63) == 0)
+                for (i = 0; i < 16; i++)
+                    fa_prefetch(kr[i], ahead + d * esz);
+            if (dt == FA_DTYPE_BF16) {
+                const __m512i hi16 = _mm512_set1_epi32((int)0xFFFF0000u);
+                __m512 o[8];
+                for (i = 0; i < 8; i++) {
+                    const __m512i x = _mm512_inserti64x4(
+                        _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(kr[i] + d * 2))),
+                        _mm256_loadu_si256((const __m256i *)(kr[i + 8] + d * 2)), 1);
+                    z[i] = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));  /* elements 2e */
+                    o[i] = _mm512_castsi512_ps(_mm512_and_si512(x, hi16)); /* elements 2e + 1 */
+                }
+                transpose_halves_avx512(z);
+                transpose_halves_avx512(o);
+#pragma GCC unroll 8
+                for (i = 0; i < 8; i++) {
+                    for (r = 0; r < nr; r++)
+                        acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r * D + d + 2 * i]), z[i], acc[r]);
+                    for (r = 0; r < nr; r++)
+                        acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r * D + d + 2 * i + 1]), o[i],
+                                                 acc[r]);
+                }
+            } else {
+                for (i = 0; i < 8; i++)
+                    z[i] = _mm512_insertf32x8(
+                        _mm512_castps256_ps512(load8_f_avx512(kr[i] + d * esz, dt)),
+                        load8_f_avx512(kr[i + 8] + d * esz, dt), 1);
+                transpose_halves_avx512(z);
+                for (i = 0; i < 8; i++)
+                    for (r = 0; r < nr; r++)
+                        acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r * D + d + i]), z[i], acc[r]);
+            }
+        }
+        for (; d < D; d++) { /* the last D mod step elements: the keys in FA_PERM16's order */
+            float c[16];
+            __m512 cv;
+            for (i = 0; i < 16; i++)
+                c[i] = fa_load_elem(kr[FA_PERM16[i]], d, dt);
+            cv = _mm512_loadu_ps(c);
+            for (r = 0; r < nr; r++)
+                acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r * D + d]), cv, acc[r]);
+        }
+        for (r = 0; r < nr; r++) /* (nk <= FA_BK: the sixteen columns lie in the row) */
+            _mm512_storeu_ps(s + r * FA_BK + jb, _mm512_shuffle_f32x4(acc[r], acc[r], 0xD8));
+    }
+}
+
+static FA_ALWAYS_INLINE FA_TARGET void few_scores_dt_avx512(const float *q, int64_t nr,
+                                                            const void *k, const int dt,
+                                                            int64_t rs, int64_t D, int64_t nk,
+                                                            float *s)
+{
+    switch (nr) {
+    case 1: few_scores_n_avx512(q, 1, k, dt, rs, D, nk, s); break;
+    case 2: few_scores_n_avx512(q, 2, k, dt, rs, D, nk, s); break;
+    case 3: few_scores_n_avx512(q, 3, k, dt, rs, D, nk, s); break;
+    case 4: few_scores_n_avx512(q, 4, k, dt, rs, D, nk, s); break;
+    case 5: few_scores_n_avx512(q, 5, k, dt, rs, D, nk, s); break;
+    case 6: few_scores_n_avx512(q, 6, k, dt, rs, D, nk, s); break;
+    case 7: few_scores_n_avx512(q, 7, k, dt, rs, D, nk, s); break;
+    default: few_scores_n_avx512(q, 8, k, dt, rs, D, nk, s); break;
+    }
+}
+
+static FA_TARGET void few_scores_avx512(const float *q, int64_t nr, const void *k, int dt,
+                                        int64_t rs, int64_t D, int64_t nk, float *s)
+{
+    if (dt == FA_DTYPE_F16)
+        few_scores_dt_avx512(q, nr, k, FA_DTYPE_F16, rs, D, nk, s);
+    else if (dt == FA_DTYPE_BF16)
+        few_scores_dt_avx512(q, nr, k, FA_DTYPE_BF16, rs, D, nk, s);
+    else
+        few_scores_dt_avx512(q, nr, k, FA_DTYPE_F32, rs, D, nk, s);
 }
 
 #include "kernels_avx2.c"
