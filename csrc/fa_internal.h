@@ -9,6 +9,7 @@
 #define FA_INTERNAL_H
 
 #include "fastattn.h"
+#include "fa_kernels.h" /* FA_BK */
 
 #include <math.h>
 #include <stddef.h>
@@ -197,18 +198,44 @@ static inline const void *fa_kv_tile(const fa_attn_args *a, int64_t b, int v, in
 static inline void fa_prefetch(const void *p, int64_t off)
 {
 #if defined(__GNUC__) || defined(__clang__)
-#ifndef FA_PF_LOCALITY
-#define FA_PF_LOCALITY 3
-#endif
-#ifdef FA_PF_NONE
-    (void)p;
-    (void)off;
-#else
-    __builtin_prefetch((const void *)((uintptr_t)p + (uintptr_t)off), 0, FA_PF_LOCALITY);
-#endif
+    __builtin_prefetch((const void *)((uintptr_t)p + (uintptr_t)off), 0, 3);
 #else
     (void)p;
     (void)off;
+#endif
+}
+
+/*
+ * The few-rows (decoding) kernels fetch a full key tile's rows ahead as they
+ * read a tile: rows that follow each other (a contiguous cache, whose stream
+ * the hardware prefetchers also follow) FA_AHEAD_CONTIG tiles ahead into the
+ * level-2 cache; rows that lie apart (the kv heads of a (B, S, H, D) cache
+ * interleaved) the next tile into level 1. (On the Xeon of the README, a
+ * level-1 fetch of contiguous rows held the loads up more than it gave, and
+ * a level-2 one of interleaved rows came too late.) fa_ahead: the distance in
+ * bytes (0: none) for a tile of nk keys whose rows are rs elements of esz
+ * bytes apart, rows of n elements; fa_prefetch_rows: the fetch it goes with.
+ */
+#define FA_AHEAD_CONTIG 2
+
+static inline int64_t fa_ahead(int64_t nk, int64_t rs, int64_t n, int64_t esz)
+{
+    if (nk != FA_BK)
+        return 0;
+    return (rs == n ? FA_AHEAD_CONTIG : 1) * FA_BK * rs * esz;
+}
+
+static inline void fa_prefetch_rows(const void *p, int64_t off, int contig)
+{
+#if defined(__GNUC__) || defined(__clang__)
+    if (contig)
+        __builtin_prefetch((const void *)((uintptr_t)p + (uintptr_t)off), 0, 2);
+    else
+        __builtin_prefetch((const void *)((uintptr_t)p + (uintptr_t)off), 0, 3);
+#else
+    (void)p;
+    (void)off;
+    (void)contig;
 #endif
 }
 

@@ -38,9 +38,6 @@
  * read from k's and v's rows in place instead of packed tiles of FA_MR-row
  * blocks. */
 #define FA_FEW_ROWS 8
-#ifndef FA_PF_TILES
-#define FA_PF_TILES 1
-#endif
 
 /* Rows of one attention work unit: heads b0 .. b0+nh-1, query rows i0 ..
  * i0+nq-1 of each; row r is (b0 + r / nq, i0 + r % nq). Each run of kvh

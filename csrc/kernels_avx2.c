@@ -388,7 +388,8 @@ static FA_ALWAYS_INLINE FA_TARGET void few_scores_n_avx2(const float *q, const i
 {
     const int64_t esz = (int64_t)fa_dtype_size(dt);
     /* a full tile: the rows of the tile that follows are fetched ahead */
-    const int64_t ahead = nk == FA_BK ? FA_PF_TILES * FA_BK * rs * esz : 0;
+    const int64_t ahead = fa_ahead(nk, rs, D, esz);
+    const int contig = rs == D;
     int64_t jb, d;
     int r, i;
     for (jb = 0; jb < nk; jb += 8) {
@@ -402,7 +403,7 @@ static FA_ALWAYS_INLINE FA_TARGET void few_scores_n_avx2(const float *q, const i
             __m256 c[8];
             if (ahead && ((d * esz) & 63) == 0)
                 for (i = 0; i < 8; i++)
-                    fa_prefetch(kr[i], ahead + d * esz);
+                    fa_prefetch_rows(kr[i], ahead + d * esz, contig);
             for (i = 0; i < 8; i++)
                 c[i] = load8_avx2(kr[i] + d * esz, dt);
             transpose8_avx2(c);
@@ -464,7 +465,8 @@ static FA_ALWAYS_INLINE FA_TARGET void few_pv_n_avx2(const float *p, const int n
                                                      int64_t nk, float *tile)
 {
     const int64_t esz = (int64_t)fa_dtype_size(dt);
-    const int64_t ahead = nk == FA_BK ? FA_PF_TILES * FA_BK * ld * esz : 0;
+    const int64_t ahead = fa_ahead(nk, ld, Dvp, esz);
+    const int contig = ld == Dvp;
     int64_t c, jj;
     int r;
     for (c = 0; c < Dvp; c += 16) {
@@ -476,7 +478,7 @@ static FA_ALWAYS_INLINE FA_TARGET void few_pv_n_avx2(const float *p, const int n
             const char *vr = (const char *)v + (jj * ld + c) * esz;
             const __m256 v0 = load8_avx2(vr, dt), v1 = load8_avx2(vr + 8 * esz, dt);
             if (fetch)
-                fa_prefetch(vr, ahead);
+                fa_prefetch_rows(vr, ahead, contig);
             for (r = 0; r < nr; r++) {
                 const __m256 pr = _mm256_broadcast_ss(p + r * FA_BK + jj);
                 a0[r] = _mm256_fmadd_ps(pr, v0, a0[r]);

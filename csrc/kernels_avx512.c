@@ -251,7 +251,7 @@ static FA_ALWAYS_INLINE FA_TARGET void few_pv_block_avx512(const float *p, const
             vx[x] = load16_avx512(vr + 16 * x * esz, dt);
         if (ahead)
             for (b = 0; b < 16 * W * esz; b += 64)
-                fa_prefetch(vr, ahead + b);
+                fa_prefetch_rows(vr, ahead + b, ld == Dvp);
         for (r = 0; r < nr; r++) {
             const __m512 pr = _mm512_set1_ps(p[r * FA_BK + jj]);
             for (x = 0; x < W; x++)
@@ -280,7 +280,7 @@ static FA_ALWAYS_INLINE FA_TARGET void few_pv_dt_avx512(const float *p, int64_t 
                                                         int64_t nk, float *tile)
 {
     /* a full tile: the value rows of the tile that follows are fetched ahead */
-    const int64_t ahead = nk == FA_BK ? FA_PF_TILES * FA_BK * ld * (int64_t)fa_dtype_size(dt) : 0;
+    const int64_t ahead = fa_ahead(nk, ld, Dvp, (int64_t)fa_dtype_size(dt));
     for (; nr > 6; nr -= 4, p += 4 * FA_BK, tile += 4 * Dvp)
         few_pv_n_avx512(p, 4, v, dt, ld, Dvp, nk, ahead, tile);
     switch (nr) {
@@ -366,7 +366,8 @@ static FA_ALWAYS_INLINE FA_TARGET void few_scores_n_avx512(const float *q, const
 {
     const int64_t esz = (int64_t)fa_dtype_size(dt);
     /* a full tile: the rows of the tile that follows are fetched ahead */
-    const int64_t ahead = nk == FA_BK ? FA_PF_TILES * FA_BK * rs * esz : 0;
+    const int64_t ahead = fa_ahead(nk, rs, D, esz);
+    const int contig = rs == D;
     /* elements of each key a step: 32 bytes of a row */
     const int64_t step = dt == FA_DTYPE_BF16 ? 16 : 8;
     int64_t jb, d;
@@ -382,7 +383,7 @@ static FA_ALWAYS_INLINE FA_TARGET void few_scores_n_avx512(const float *q, const
             __m512 z[8];
             if (ahead && ((d * esz) & 63) == 0)
                 for (i = 0; i < 16; i++)
-                    fa_prefetch(kr[i], ahead + d * esz);
+                    fa_prefetch_rows(kr[i], ahead + d * esz, contig);
             if (dt == FA_DTYPE_BF16) {
                 const __m512i hi16 = _mm512_set1_epi32((int)0xFFFF0000u);
                 __m512 o[8];
