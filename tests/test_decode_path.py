@@ -219,3 +219,47 @@ def test_decode_score_options_match_the_general_path(simd, rng):
         last = _sdpa(q[:, :, -1:], k, v, **kw)
         assert_same_bits(last[0], full[0][:, :, -1:])
         assert_same_bits(last[1], full[1][:, :, -1:])
+
+
+@pytest.mark.parametrize("kvdtype", ["float32", "float16", "bfloat16"])
+def test_decode_of_a_strided_cache_reads_all_kv_heads_at_once(simd, rng, threads, kvdtype):
+    # A (B, S, kv heads, D) cache decoded with GQA groups: one unit reads a key
+    # tile's rows for all kv heads at once (each head's rows its own products,
+    # with its own non-finite check). Every option, and a NaN / inf value in
+    # one head only (masked in some rows' ranges, allowed in others), must
+    # give the bits of the contiguous cache.
+    if kvdtype == "bfloat16":
+        dt = pytest.importorskip("ml_dtypes").bfloat16
+    else:
+        dt = np.dtype(kvdtype)
+    B, H, Hkv, S, D = 2, 12, 4, 1300, 40
+    q = qkv(rng, (B, H, 1, D), (1,), (1,))[0]
+    k = rng.standard_normal((B, S, Hkv, D)).astype(dt).transpose(0, 2, 1, 3)
+    v = rng.standard_normal((B, S, Hkv, 32)).astype(dt).transpose(0, 2, 1, 3)
+    v[1, 2, 1100] = np.nan  # kv head 2 of batch item 1 only
+    v[0, 1, 40] = np.inf
+    slopes = rng.uniform(0.01, 0.5, H).astype(np.float32)
+    sinks = rng.standard_normal(H).astype(np.float32)
+    pad = (np.arange(S) < np.array([S, 1000])[:, None])[:, None, None, :]
+    kv_ids = (np.arange(S) // 300)[None].repeat(B, 0)[:, None, :]
+    q_ids = np.array([[[1]], [[4]]])
+    cases = [{}, {"mask": pad}, {"softcap": 4.0, "alibi_slopes": slopes, "sinks": sinks},
+             {"segment_ids": (q_ids, kv_ids)}, {"window": (500, 0), "is_causal": True}]
+    for kw in cases:
+        kw = dict(kw)
+        mask = kw.pop("mask", None)
+        threads(1)
+        want = _sdpa(q, np.ascontiguousarray(k), np.ascontiguousarray(v), mask, **kw)
+        for n in (1, 2):
+            threads(n)
+            got = _sdpa(q, k, v, mask, **kw)
+            assert_same_bits(got[0], want[0])
+            assert_same_bits(got[1], want[1])
+    # a non-finite value reaches only the rows that may see it: kv head 1's
+    # group of item 0 (inf), kv head 2's of item 1 unless padded out (NaN)
+    for mask, item1 in ((None, False), (pad, True)):
+        o = _sdpa(q, k, v, mask)[0]
+        assert not np.isfinite(o[0, 3:6]).all()
+        assert np.isfinite(o[0, :3]).all() and np.isfinite(o[0, 6:]).all()
+        assert np.isfinite(o[1, 6:9]).all() == item1
+        assert np.isfinite(o[1, :6]).all() and np.isfinite(o[1, 9:]).all()
