@@ -44,6 +44,16 @@ and the decoding steps alike; ``--decode-blas-threads N`` limits the BLAS to
 N threads while decoding (``1`` on a machine whose other cores are busy; see
 :func:`generate`).
 
+Threads. The prefill runs its rows in as many Python threads as the BLAS
+has (each with one BLAS thread; see :func:`forward`'s `threads`), the
+attention on fastattn's OpenMP threads. After a parallel call GNU libgomp's
+threads spin for a few milliseconds before they sleep, on the cores that the
+next matrix products need; run as a script, this example therefore sets
+``OMP_WAIT_POLICY=passive`` (:data:`THREAD_ENV`, unless the environment
+already sets it) before fastattn, and with it libgomp, is loaded. Code that
+imports the module sets it itself, before importing fastattn (or starting
+Python), if it wants the same.
+
 The functions :func:`load_model`, :func:`encode`, :func:`decode` and
 :func:`generate` are the importable interface (``tests/test_smollm2.py``,
 ``tools/compare_transformers.py``); :func:`forward` and :class:`KVCache` are
@@ -52,15 +62,28 @@ the pieces underneath.
 import argparse
 import importlib.util
 import math
+import os
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
+#: Environment the script sets (where not set already) before fastattn's OpenMP
+#: runtime loads: its threads sleep as soon as an attention call ends instead of
+#: spinning on the cores that the matrix products after it use. The prefill of
+#: a 512-token prompt spends about half as long in attention with it, on two
+#: cores (README, "A language model: SmolLM2-135M").
+THREAD_ENV = {"OMP_WAIT_POLICY": "passive"}
+if __name__ == "__main__":
+    for _name, _value in THREAD_ENV.items():
+        os.environ.setdefault(_name, _value)
+
 import numpy as np
-from threadpoolctl import threadpool_limits
+from threadpoolctl import ThreadpoolController, threadpool_limits
 
 import fastattn
 
@@ -701,8 +724,63 @@ def _swiglu(gate_up, out):
     return out
 
 
+#: Fewest rows per thread in a pass of several tokens (see :func:`forward`'s
+#: `threads`): below it a thread's matrix products are too small to pay for
+#: the hand-over.
+_MIN_ROWS_PER_THREAD = 16
+
+_POOLS = {}
+_POOLS_LOCK = threading.Lock()
+_BLAS = []
+
+
+def _pool(workers):
+    """A process-wide pool of `workers` threads (made on first use, kept)."""
+    with _POOLS_LOCK:
+        pool = _POOLS.get(workers)
+        if pool is None:
+            pool = _POOLS[workers] = ThreadPoolExecutor(workers,
+                                                        thread_name_prefix="smollm2-rows")
+        return pool
+
+
+def _blas_controller():
+    """threadpoolctl's controller of NumPy's BLAS (made once)."""
+    if not _BLAS:
+        _BLAS.append(ThreadpoolController().select(user_api="blas"))
+    return _BLAS[0]
+
+
+def _blas_threads():
+    """Threads NumPy's BLAS is set to use now (1 if threadpoolctl finds no BLAS)."""
+    return max([1] + [int(i["num_threads"]) for i in _blas_controller().info()])
+
+
+def _row_ranges(T, n):
+    """`n` contiguous, near-equal ranges ``(a, b)`` covering ``range(T)``."""
+    edges = [T * j // n for j in range(n + 1)]
+    return [(a, b) for a, b in zip(edges, edges[1:]) if b > a]
+
+
+def _each_range(pool, ranges, fn):
+    """``fn(a, b)`` for every range, the first in this thread, the others in `pool`.
+
+    Returns the sum of what the calls returned; waits for all of them, also when
+    one raises (then raises the first error).
+    """
+    futures = [pool.submit(fn, a, b) for a, b in ranges[1:]]
+    try:
+        total = fn(*ranges[0])
+    finally:
+        results = [f.exception() or f.result() for f in futures]
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        raise errors[0]
+    return total + sum(results)
+
+
 def forward(model, ids, cache, *, all_logits=False, attention=None, on_attention=None,
-            timings=None):
+            timings=None, threads=None):
     """Run the decoder on tokens that follow the ones in `cache`.
 
     Parameters
@@ -714,7 +792,10 @@ def forward(model, ids, cache, *, all_logits=False, attention=None, on_attention
         Extended by the new tokens' keys and values (in place while it has
         room); its `length` grows by T.
     all_logits : bool, default False
-        Return the logits of every new position, not only the last.
+        Return the logits of every new position. By default only the last
+        position goes through the output layer (the only one generation needs,
+        as Hugging Face's ``logits_to_keep=1``; the 49152 x 576 output layer
+        is a fifth of the model's work per token).
     attention : callable, optional
         ``attention(q, k, v)`` with q (heads, T, D) and k, v (kv_heads,
         length + T, D), returning (heads, T, D). Default:
@@ -726,20 +807,53 @@ def forward(model, ids, cache, *, all_logits=False, attention=None, on_attention
         the attention weights).
     timings : Timings, optional
         Adds the seconds spent in attention and in matrix products.
+    threads : int, optional
+        Threads that share the rows of a pass of several tokens (a prefill).
+        Everything but the attention works on each token's row alone (the
+        norms, the projections, RoPE, SwiGLU), so each thread takes one
+        contiguous block of rows through it, with NumPy's BLAS limited to one
+        thread (a ``threadpoolctl`` limit, lifted at the end); the attention
+        between the blocks is one fastattn call on fastattn's own threads.
+        Default: the number of threads NumPy's BLAS is set to use now (the
+        caller's ``threadpool_limits``; all cores unless limited). At most
+        ``T // 16`` threads are used (at least 16 rows each), so a decoding
+        step (T = 1) runs in the calling thread with the BLAS as set. The
+        result does not depend on it beyond float32 rounding (a BLAS may sum
+        a block of fewer rows in another order).
 
     Returns
     -------
     ndarray, float32, shape (T, vocab) or (1, vocab)
         Unnormalised next-token logits.
+
+    Raises
+    ------
+    ValueError
+        `threads` is not None or an int ≥ 1.
+
+    Notes
+    -----
+    Why threads over rows rather than the BLAS's own threads: a prefill's
+    products (512 x 576 times 576 x 3072 and the like) are split by OpenBLAS
+    into parts that wait for one another several times per product, and its
+    threads, and fastattn's OpenMP threads after each attention, spin for a
+    while before they sleep; on a machine with few cores the two pools then
+    take turns on the cores. One block of rows per thread has no waiting
+    inside a layer: the threads meet twice per layer, before and after the
+    attention.
     """
     c, p = model.config, model.weights
     ids = np.asarray(ids, dtype=np.int64)
     T = ids.shape[0]
+    if threads is not None and (not isinstance(threads, (int, np.integer)) or threads < 1):
+        raise ValueError(f"threads must be None or an int >= 1, got {threads!r}")
     timer = _NoTimings() if timings is None else timings
     if attention is None:
         def attention(q, k, v):
             return fastattn.scaled_dot_product_attention(q, k, v, is_causal=True,
                                                          enable_gqa=True)
+    n = max(1, min(T // _MIN_ROWS_PER_THREAD,
+                   threads or (_blas_threads() if T >= 2 * _MIN_ROWS_PER_THREAD else 1)))
     cache.reserve(T)
     start = cache.length
     cos, signed_sin = (t[start:start + T] for t in _rope_table(c))
@@ -749,34 +863,66 @@ def forward(model, ids, cache, *, all_logits=False, attention=None, on_attention
     def matmul(a, w, out):
         t0 = _clock()
         np.matmul(a, w, out=out)
-        timer.add("matmul", _clock() - t0)
-        return out
+        return _clock() - t0
 
     x = p["embed"][ids]  # a new array (fancy indexing): the residual stream, updated in place
     # Buffers of this call, reused by every layer (each holds one step's result)
     h, y = np.empty_like(x), np.empty_like(x)  # normalised input; a projection's output
     qkv = np.empty((T, (H + 2 * Hkv) * D), np.float32)
     qk = np.empty((T, H + Hkv, D), np.float32)
+    heads_out = np.empty((T, H, D), np.float32)  # the attention's output, token-major
     gate_up, act = np.empty((T, 2 * F), np.float32), np.empty((T, F), np.float32)
-    for i in range(c.n_layers):
-        _rms_norm(x, p[f"{i}.attn_norm"], c.rms_eps, out=h)
-        matmul(h, p[f"{i}.qkv"], qkv)  # q, k and v projections in one product
-        _rope(qkv[:, :k_end].reshape(T, H + Hkv, D), cos, signed_sin, qk)  # q and k heads together
-        k_all, v_all = cache.write(i, qk[:, H:].transpose(1, 0, 2),
-                                   qkv[:, k_end:].reshape(T, Hkv, D).transpose(1, 0, 2))
-        q = qk[:, :H].transpose(1, 0, 2)  # (H, T, D)
-        if on_attention is not None:
-            on_attention(i, q, k_all)
-        t0 = _clock()
-        o = attention(q, k_all, v_all)
-        timer.add("attention", _clock() - t0)
-        x += matmul(o.transpose(1, 0, 2).reshape(T, H * D), p[f"{i}.o"], y)
-        _rms_norm(x, p[f"{i}.ffn_norm"], c.rms_eps, out=h)
-        matmul(h, p[f"{i}.gate_up"], gate_up)  # gate and up projections in one product
-        x += matmul(_swiglu(gate_up, act), p[f"{i}.down"], y)
+    layer = {}  # the current layer's weights and attention output, for the row blocks
+
+    def before_attention(a, b):
+        """Rows a:b: RMSNorm, q/k/v projections in one product, RoPE on q and k."""
+        _rms_norm(x[a:b], layer["attn_norm"], c.rms_eps, out=h[a:b])
+        seconds = matmul(h[a:b], layer["qkv"], qkv[a:b])
+        _rope(qkv[a:b, :k_end].reshape(b - a, H + Hkv, D), cos[a:b], signed_sin[a:b],
+              qk[a:b])  # q and k heads together
+        return seconds
+
+    def after_attention(a, b):
+        """Rows a:b: output projection, residual, RMSNorm, SwiGLU feed-forward, residual."""
+        np.copyto(heads_out[a:b], layer["o_heads"][:, a:b].transpose(1, 0, 2))
+        seconds = matmul(heads_out[a:b].reshape(b - a, H * D), layer["o"], y[a:b])
+        x[a:b] += y[a:b]
+        _rms_norm(x[a:b], layer["ffn_norm"], c.rms_eps, out=h[a:b])
+        seconds += matmul(h[a:b], layer["gate_up"], gate_up[a:b])  # gate and up in one
+        seconds += matmul(_swiglu(gate_up[a:b], act[a:b]), layer["down"], y[a:b])
+        x[a:b] += y[a:b]
+        return seconds
+
+    ranges = _row_ranges(T, n)
+    if n == 1:
+        def run(fn):
+            return fn(0, T)
+        limit = nullcontext()
+    else:
+        pool = _pool(n - 1)
+
+        def run(fn):
+            return _each_range(pool, ranges, fn) / n  # seconds per thread
+        limit = _blas_controller().limit(limits=1)
+    with limit:
+        for i in range(c.n_layers):
+            layer.update((name, p[f"{i}.{name}"]) for name in
+                         ("attn_norm", "qkv", "o", "ffn_norm", "gate_up", "down"))
+            timer.add("matmul", run(before_attention))
+            k_all, v_all = cache.write(i, qk[:, H:].transpose(1, 0, 2),
+                                       qkv[:, k_end:].reshape(T, Hkv, D).transpose(1, 0, 2))
+            q = qk[:, :H].transpose(1, 0, 2)  # (H, T, D)
+            if on_attention is not None:
+                on_attention(i, q, k_all)
+            t0 = _clock()
+            layer["o_heads"] = attention(q, k_all, v_all)
+            timer.add("attention", _clock() - t0)
+            timer.add("matmul", run(after_attention))
     cache.length = start + T
     x = _rms_norm(x if all_logits else x[-1:], p["norm"], c.rms_eps)
-    return matmul(x, p["lm_head"].T, np.empty((x.shape[0], c.vocab_size), np.float32))
+    logits = np.empty((x.shape[0], c.vocab_size), np.float32)
+    timer.add("matmul", matmul(x, p["lm_head"].T, logits))
+    return logits
 
 
 # ---------------------------------------------------------------- generation

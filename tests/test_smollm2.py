@@ -11,7 +11,10 @@ against one recorded from Hugging Face transformers
 """
 import importlib.util
 import json
+import os
+import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -425,6 +428,82 @@ def test_decoding_runs_blas_on_the_threads_asked_for_and_restores_them(tiny):
         assert _blas_threads() == before
     # the thread count changes how fast, not what
     assert pinned == out
+
+
+def test_prefill_rows_in_threads_equal_one_thread(tiny):
+    """A pass of many tokens split over threads by rows gives the one-thread logits."""
+    if not _blas_threads():
+        pytest.skip("threadpoolctl sees no BLAS library in this process")
+    ids = [int(i) for i in np.random.default_rng(5).integers(3, tiny.config.vocab_size, 48)]
+    one = smollm2.KVCache(tiny.config, 48)
+    expected = smollm2.forward(tiny, ids, one, all_logits=True, threads=1)
+    with threadpool_limits(2, user_api="blas"):
+        for threads in (2, 3, 7):
+            seen = []
+
+            def attention(q, k, v):
+                seen.append(_blas_threads())  # the BLAS is held to one thread in the pass
+                return fastattn.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                             enable_gqa=True)
+
+            cache = smollm2.KVCache(tiny.config, 48)
+            got = smollm2.forward(tiny, ids, cache, all_logits=True, threads=threads,
+                                  attention=attention)
+            np.testing.assert_allclose(got, expected, rtol=1e-5, atol=2e-5)
+            for a, b in zip(cache.k + cache.v, one.k + one.v):
+                np.testing.assert_allclose(a, b, rtol=1e-5, atol=2e-5)
+            assert cache.length == 48
+            assert seen == [[1] * len(_blas_threads())] * tiny.config.n_layers
+            assert _blas_threads() == [2] * len(seen[0])  # and given back after it
+        # by default: as many threads as the BLAS has, at least 16 rows each
+        seen.clear()
+        got = smollm2.forward(tiny, ids, smollm2.KVCache(tiny.config, 48), all_logits=True,
+                              attention=attention)
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=2e-5)
+        assert seen[0] == [1] * len(seen[0])
+        seen.clear()  # a short pass (here a decoding step) stays in this thread, BLAS as set
+        smollm2.forward(tiny, ids[:20], smollm2.KVCache(tiny.config, 21), attention=attention)
+        assert seen[0] == [2] * len(seen[0])
+    assert any(t.name.startswith("smollm2-rows") for t in threading.enumerate())
+    for bad in (0, -2, 1.5, "2"):
+        with pytest.raises(ValueError, match="threads"):
+            smollm2.forward(tiny, ids, smollm2.KVCache(tiny.config, 48), threads=bad)
+
+
+@pytest.mark.parametrize("preset, expected", [(None, "passive"), ("active", "active")])
+def test_script_sets_the_thread_environment_unless_set(preset, expected):
+    code = ("import os, runpy, sys\n"
+            "sys.argv = ['smollm2.py', '--help']\n"
+            "try:\n"
+            f"    runpy.run_path({str(EXAMPLES / 'smollm2.py')!r}, run_name='__main__')\n"
+            "except SystemExit:\n"
+            "    pass\n"
+            "print('OMP_WAIT_POLICY=' + os.environ.get('OMP_WAIT_POLICY', ''))\n")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if preset is not None:
+        env["OMP_WAIT_POLICY"] = preset
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout
+    assert out.splitlines()[-1] == f"OMP_WAIT_POLICY={expected}"
+    assert smollm2.THREAD_ENV == {"OMP_WAIT_POLICY": "passive"}
+
+
+def test_row_blocks_wait_for_each_other_and_raise_the_first_error():
+    done = []
+
+    def fn(a, b):
+        if a == 2:
+            raise KeyError(a)
+        done.append((a, b))
+        return 1.0
+
+    pool = smollm2._pool(3)
+    assert smollm2._row_ranges(10, 4) == [(0, 2), (2, 5), (5, 7), (7, 10)]
+    assert smollm2._row_ranges(2, 4) == [(0, 1), (1, 2)]
+    with pytest.raises(KeyError):
+        smollm2._each_range(pool, smollm2._row_ranges(10, 4), fn)
+    assert sorted(done) == [(0, 2), (5, 7), (7, 10)]
+    assert smollm2._each_range(pool, smollm2._row_ranges(12, 3), lambda a, b: b - a) == 12
 
 
 @pytest.mark.parametrize("flag, expected", [([], None), (["--decode-blas-threads", "0"], None),

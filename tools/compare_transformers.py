@@ -21,7 +21,9 @@ unevenly), the example's time split (attention, matrix products, the rest)
 and the decode's ceiling from the matrix products alone. The example decodes
 with ``--threads`` BLAS threads too; ``--decode-blas-threads N`` limits its
 BLAS to N threads while decoding (``generate``'s ``decode_blas_threads``; see
-its docstring).
+its docstring). The example's runs get the environment it sets when run as a
+script (``smollm2.THREAD_ENV``: ``OMP_WAIT_POLICY=passive``, unless the
+environment sets it); transformers' runs the environment as it is.
 
 Needs PyTorch, transformers and accelerate (not dependencies of fastattn)::
 
@@ -294,8 +296,11 @@ def bench(path, threads, rounds, repeat, decode_blas_threads, peer_threads=None)
             cmd = [sys.executable, __file__, "--bench-worker", which, "--model", str(path),
                    "--threads", str(n), "--repeat", str(repeat),
                    "--decode-blas-threads", str(decode_blas_threads)]
-            out = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS=str(n)),
-                                 capture_output=True, text=True, check=True).stdout
+            env = dict(os.environ, OMP_NUM_THREADS=str(n))
+            if which == "fastattn":  # the example's settings, as it applies them as a script
+                env = {**smollm2.THREAD_ENV, **env}
+            out = subprocess.run(cmd, env=env, capture_output=True, text=True,
+                                 check=True).stdout
             runs[which].append(json.loads(out.split("RESULT ", 1)[1]))
             load += runs[which][-1]["load"]
 
@@ -309,6 +314,8 @@ def bench(path, threads, rounds, repeat, decode_blas_threads, peer_threads=None)
     print(versions())
     print(f"threads: fastattn example {runs['fastattn'][0]['threads']}; transformers "
           f"{runs['transformers'][0]['threads']}")
+    print("environment of the example's runs: " + ", ".join(
+        f"{k}={os.environ.get(k, v)}" for k, v in smollm2.THREAD_ENV.items()))
     print(f"1-minute load average during the runs: {min(load):.2f} to {max(load):.2f} "
           f"(other processes {'shared' if max(load) > 1.5 else 'hardly used'} the CPUs)")
     print(f"\nmedian of {n} runs each ({rounds} alternating subprocess rounds x {repeat}):")
