@@ -39,8 +39,9 @@ Run it::
 It streams the text as it is generated, then prints the tokens/s of the
 prefill and of the decode and how their time splits between attention,
 matrix products and the rest. ``--threads N`` sets the threads of both
-fastattn (OpenMP) and NumPy's BLAS (through threadpoolctl), for the prefill
-and the decoding steps alike; ``--decode-blas-threads N`` limits the BLAS to
+fastattn (OpenMP) and NumPy's BLAS (through threadpoolctl; the prefill then
+runs its rows in N threads of one BLAS thread each, the decoding steps use
+the N BLAS threads); ``--decode-blas-threads N`` limits the BLAS to
 N threads while decoding (``1`` on a machine whose other cores are busy; see
 :func:`generate`).
 
