@@ -62,7 +62,8 @@ typedef struct {
 /* Per-thread working memory of the attention kernels (sizes in fa_scratch_alloc). */
 typedef struct {
     int64_t Dvp;      /* Dv rounded up to FA_NR */
-    float *qpad;      /* FA_BQ x D    the unit's query rows, zero rows to a multiple of MR */
+    float *qpad;      /* FA_BQ x D    the unit's query rows, zero rows to a multiple of MR
+                       * (row by row, or in MR-row blocks d by d: pack_rows) */
     float *kt;        /* D x FA_BK    the key tile, transposed, zero padded */
     float *sc;        /* FA_BQ x FA_BK scores, then probabilities */
     float *vpad;      /* FA_BK x Dvp  the value tile, zero padded */

@@ -21,9 +21,11 @@
  * multiply-add per element and step of d, d ascending; with alpha, C = C *
  * alpha + A . B (kernels.inc's gemm_block). */
 #define FA_HAVE_GEMM_BLOCK 1
-static FA_TARGET void FA_NAME(gemm_block)(const float *a, int64_t lda, const float *b,
-                                      int64_t ldb, int64_t K, float *c, int64_t ldc,
-                                      const float *alpha, float scale)
+static FA_ALWAYS_INLINE FA_TARGET void FA_NAME(gemm_block)(const float *a, int64_t ars,
+                                                          int64_t ads, const float *b,
+                                                          int64_t ldb, int64_t K, float *c,
+                                                          int64_t ldc, const float *alpha,
+                                                          float scale)
 {
     __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps();
     __m256 c10 = _mm256_setzero_ps(), c11 = _mm256_setzero_ps();
@@ -36,22 +38,22 @@ static FA_TARGET void FA_NAME(gemm_block)(const float *a, int64_t lda, const flo
         const __m256 b0 = _mm256_loadu_ps(b + d * ldb);
         const __m256 b1 = _mm256_loadu_ps(b + d * ldb + 8);
         __m256 ar;
-        ar = _mm256_broadcast_ss(a + d);
+        ar = _mm256_broadcast_ss(a + d * ads);
         c00 = _mm256_fmadd_ps(ar, b0, c00);
         c01 = _mm256_fmadd_ps(ar, b1, c01);
-        ar = _mm256_broadcast_ss(a + lda + d);
+        ar = _mm256_broadcast_ss(a + ars + d * ads);
         c10 = _mm256_fmadd_ps(ar, b0, c10);
         c11 = _mm256_fmadd_ps(ar, b1, c11);
-        ar = _mm256_broadcast_ss(a + 2 * lda + d);
+        ar = _mm256_broadcast_ss(a + 2 * ars + d * ads);
         c20 = _mm256_fmadd_ps(ar, b0, c20);
         c21 = _mm256_fmadd_ps(ar, b1, c21);
-        ar = _mm256_broadcast_ss(a + 3 * lda + d);
+        ar = _mm256_broadcast_ss(a + 3 * ars + d * ads);
         c30 = _mm256_fmadd_ps(ar, b0, c30);
         c31 = _mm256_fmadd_ps(ar, b1, c31);
-        ar = _mm256_broadcast_ss(a + 4 * lda + d);
+        ar = _mm256_broadcast_ss(a + 4 * ars + d * ads);
         c40 = _mm256_fmadd_ps(ar, b0, c40);
         c41 = _mm256_fmadd_ps(ar, b1, c41);
-        ar = _mm256_broadcast_ss(a + 5 * lda + d);
+        ar = _mm256_broadcast_ss(a + 5 * ars + d * ads);
         c50 = _mm256_fmadd_ps(ar, b0, c50);
         c51 = _mm256_fmadd_ps(ar, b1, c51);
     }

@@ -37,12 +37,14 @@
  * of B per step of d loaded once for all the rows; with alpha, C = C * alpha
  * + A . B (kernels.inc's gemm_block). */
 #define FA_HAVE_GEMM_BLOCK 1
-static FA_TARGET void gemm_block_avx512(const float *a, int64_t lda, const float *b,
-                                        int64_t ldb, int64_t K, float *c, int64_t ldc,
-                                        const float *alpha, float scale)
+static FA_ALWAYS_INLINE FA_TARGET void gemm_block_avx512(const float *a, int64_t ars,
+                                                        int64_t ads, const float *b,
+                                                        int64_t ldb, int64_t K, float *c,
+                                                        int64_t ldc, const float *alpha,
+                                                        float scale)
 {
 #define FA_DECL(r) __m512 acc##r = _mm512_setzero_ps();
-#define FA_STEP(r) acc##r = _mm512_fmadd_ps(_mm512_set1_ps(a[(r) * lda + d]), bv, acc##r);
+#define FA_STEP(r) acc##r = _mm512_fmadd_ps(_mm512_set1_ps(a[(r) * ars + d * ads]), bv, acc##r);
 #define FA_RESCALE(r)                                                                          \
     acc##r = _mm512_add_ps(                                                                    \
         _mm512_mul_ps(_mm512_loadu_ps(c + (r) * ldc), _mm512_set1_ps(alpha[r])), acc##r);
@@ -71,14 +73,16 @@ static FA_TARGET void gemm_block_avx512(const float *a, int64_t lda, const float
 /* One FA_MR x 32 block: two zmm accumulators a row (24 in all), the same sum
  * per element as gemm_block_avx512, one broadcast of A for two products. */
 #define FA_HAVE_GEMM_BLOCK2 1
-static FA_TARGET void gemm_block2_avx512(const float *a, int64_t lda, const float *b,
-                                         int64_t ldb, int64_t K, float *c, int64_t ldc,
-                                         const float *alpha, float scale)
+static FA_ALWAYS_INLINE FA_TARGET void gemm_block2_avx512(const float *a, int64_t ars,
+                                                         int64_t ads, const float *b,
+                                                         int64_t ldb, int64_t K, float *c,
+                                                         int64_t ldc, const float *alpha,
+                                                         float scale)
 {
 #define FA_DECL(r) __m512 acc##r = _mm512_setzero_ps(), acd##r = _mm512_setzero_ps();
 #define FA_STEP(r)                                                                             \
     {                                                                                          \
-        const __m512 ar = _mm512_set1_ps(a[(r) * lda + d]);                                    \
+        const __m512 ar = _mm512_set1_ps(a[(r) * ars + d * ads]);                                    \
         acc##r = _mm512_fmadd_ps(ar, b0, acc##r);                                              \
         acd##r = _mm512_fmadd_ps(ar, b1, acd##r);                                              \
     }
