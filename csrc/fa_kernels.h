@@ -85,6 +85,20 @@ typedef struct {
     double *lt;       /* FA_BQ       sum */
     float *acct;      /* FA_BQ x Dvp and accumulators */
     void *arena;      /* the one allocation that holds all of the above */
+    /* Shared by the threads, set per work item (not part of the arena): the
+     * call's record of which float32 value tiles are finite, vflag[b vflag_nt
+     * + t] for batch item b, key tile t: 0 not yet known, 1 finite, 2 not (or
+     * NULL: each unit checks its tiles). */
+    unsigned char *vflag;
+    int64_t vflag_nt;
+    /* Shared by the threads, set per work item: the call's key tiles packed
+     * once for every unit that reads them (or ktc NULL: each unit packs its
+     * own, into kt). Entry e = (b / ktc_G) ktc_nt + t (kv group, key tile)
+     * for e < ktc_n: D x FA_BK floats at ktc + e D FA_BK, ready once
+     * ktc_state[e] is 2 (0: not packed, 1: being packed by some thread). */
+    float *ktc;
+    unsigned char *ktc_state;
+    int64_t ktc_G, ktc_nt, ktc_n;
 } fa_scratch;
 
 typedef struct {
