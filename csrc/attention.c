@@ -388,7 +388,7 @@ static void plan_free(fa_plan *pl)
  * not the few-rows kind, which read k in place); 0 if none. */
 static int64_t ktc_entries(const fa_attn_args *a, const fa_units *g, int weights)
 {
-    const int64_t groups = g->G > 0 ? a->nbatch / g->G : 0;
+    const int64_t groups = g->kvh > 0 ? a->nbatch / g->kvh : 0;
     if (a->S <= 0 || groups <= 0 || g->nunits <= groups
         || (!weights && g->nh * g->nq <= FA_FEW_ROWS))
         return 0;
@@ -632,7 +632,7 @@ static int plan_run(const fa_plan *pl, float *out, float *lse, float *weights, i
             w.vflag_nt = p->vflag_nt;
             w.ktc = p->ktc;
             w.ktc_state = p->ktc_state;
-            w.ktc_G = p->g.G;
+            w.ktc_G = p->g.kvh;
             w.ktc_nt = p->ktc_nt;
             w.ktc_n = p->ktc_n;
             for (n = it->n; n < it->n_end; n++) {

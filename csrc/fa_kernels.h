@@ -94,7 +94,7 @@ typedef struct {
     /* Shared by the threads, set per work item: the call's key tiles packed
      * once for every unit that reads them (or ktc NULL: each unit packs its
      * own, into kt). Entry e = (b / ktc_G) ktc_nt + t (kv group, key tile)
-     * for e < ktc_n: D x FA_BK floats at ktc + e D FA_BK, ready once
+     * for e < ktc_n (ktc_G heads share one k): D x FA_BK floats at ktc + e D FA_BK, ready once
      * ktc_state[e] is 2 (0: not packed, 1: being packed by some thread). */
     float *ktc;
     unsigned char *ktc_state;
