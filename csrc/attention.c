@@ -238,15 +238,25 @@ static int64_t row_groups(const fa_attn_args *a, int64_t G)
 
 /* The units of a: groups of G items (several kv heads' groups, rows: see
  * row_groups) cut into slices of nh heads and tiles of nq query rows (a
- * unit holds at most FA_BQ rows). rows: 1 to let a unit hold several kv
- * heads (the SDPA kernel), 0 for one kv head a unit (the weights). */
-static fa_units unit_geometry(const fa_attn_args *a, int rows)
+ * unit holds at most FA_BQ rows). threads: the threads to feed, to let a unit
+ * hold several kv heads (the SDPA kernel: as many as leave at least two
+ * work items, units times key chunks, a thread), or 0 for one kv head a unit
+ * (the weights). */
+static fa_units unit_geometry(const fa_attn_args *a, int threads)
 {
     fa_units g;
     g.G = a->nbatch > 0 ? kv_group(a) : 1;
     g.kvh = g.G;
-    if (rows && a->nbatch > 0 && a->L > 0)
-        g.G *= row_groups(a, g.G);
+    if (threads > 0 && a->nbatch > 0 && a->L > 0) {
+        const int64_t chunks = (a->S + FA_CK - 1) / FA_CK;
+        int64_t m = row_groups(a, g.G), m2;
+        while (m > 1 && threads > 1 && a->nbatch / (g.G * m) * chunks < 2 * (int64_t)threads) {
+            for (m2 = m - 1; m % m2 != 0; m2--) /* the next divisor of m down */
+                ;
+            m = m2;
+        }
+        g.G *= m;
+    }
     g.nh = g.G < FA_BQ ? g.G : FA_BQ;          /* heads per unit */
     g.nhs = (g.G + g.nh - 1) / g.nh;           /* head slices per group */
     g.nq = FA_BQ / g.nh;                       /* query rows per head */
@@ -427,7 +437,7 @@ static int plan_build(const fa_attn_args *a, int64_t nprob, int split, int nthre
     for (p = 0; p < nprob; p++) {
         const fa_attn_args *q = &a[p];
         pr[p].a = q;
-        pr[p].g = unit_geometry(q, split);
+        pr[p].g = unit_geometry(q, split ? nthreads : 0);
         pr[p].index = p;
         pr[p].cost = 0.0;
         pr[p].vflag = NULL;
