@@ -269,10 +269,16 @@ static FA_ALWAYS_INLINE FA_TARGET void pack_kt_dt_avx2(const void *k, int dt, in
     int i;
 #define FA_ROW(r) (base + ((jb + (r)) * rs + d) * esz)
     const int64_t ncol = (nk + FA_NR - 1) / FA_NR * FA_NR;
+    /* a full tile: the next tile's rows are fetched ahead (rows far apart,
+     * e.g. a (T, H, D) layout, are not streamed by the hardware prefetchers) */
+    const int64_t ahead = nk == FA_BK && rs != D ? FA_BK * rs * esz : 0;
     for (jb = 0; jb < ncol; jb += 8) {
         if (jb + 8 <= nk) {
             for (d = 0; d + 8 <= D; d += 8) {
                 __m256 r[8];
+                if (ahead && ((d * esz) & 63) == 0)
+                    for (i = 0; i < 8; i++)
+                        fa_prefetch(FA_ROW(i), ahead);
                 for (i = 0; i < 8; i++)
                     r[i] = load8_avx2(FA_ROW(i), dt);
                 transpose8_avx2(r);

@@ -147,6 +147,30 @@ def test_decoding_sequences_split_by_key_chunks_keep_the_bits(rng, threads, nthr
     assert_same_bits(got[1], want[1])
 
 
+@pytest.mark.parametrize("Hkv,D", [(8, 32), (2, 128), (8, 128)])
+def test_value_rows_a_multiple_of_1kib_apart_keep_the_bits(rng, simd, Hkv, D):
+    # rows of v 1 or 4 KiB apart (H * D floats): the value tiles are copied
+    # before the products (their rows would share a few L1 sets); the bits are
+    # those of contiguous per-sequence arrays, also with inf and NaN in v (a
+    # key that only the later rows see under is_causal)
+    q, k, v, cu_q, cu_k = packed(rng, [70, 150, 5], [70, 150, 5], Hq=Hkv, Hkv=Hkv, D=D, Dv=D)
+    v[cu_k[1] + 100, 0, 3] = np.inf
+    v[cu_k[1] + 120, 1, 0] = np.nan
+    got, lse = fastattn.varlen_attention(q, k, v, cu_q, cu_k, is_causal=True, return_lse=True)
+    for b in range(3):
+        rows = slice(cu_q[b], cu_q[b + 1])
+        o, l = fastattn.scaled_dot_product_attention(
+            *(np.ascontiguousarray(x[rows].swapaxes(0, 1)) for x in (q, k, v)),
+            is_causal=True, return_lse=True)
+        assert_same_bits(got[rows], o.swapaxes(0, 1))
+        assert_same_bits(lse[rows], l.swapaxes(0, 1))
+    assert not np.isfinite(got[cu_q[1] + 100:cu_q[2], 0, 3]).any()
+    assert np.isnan(got[cu_q[1] + 120:cu_q[2], 1, 0]).all()
+    assert np.isfinite(got[cu_q[1]:cu_q[1] + 100]).all()
+    ro = ref.varlen_attention(q, k, v, cu_q, cu_k, is_causal=True)
+    assert_close(got, ro)
+
+
 def test_layouts_and_kv_dtypes(rng):
     pytest.importorskip("ml_dtypes")
     import ml_dtypes
