@@ -136,6 +136,39 @@ static inline FA_TARGET __m256 exp2_normal_avx2(__m256 x)
                                                 _mm256_slli_epi32(_mm256_castps_si256(y), 23)));
 }
 
+/* 2**x for x <= 0 (-inf and NaN included), bit for bit exp2_avx2's value,
+ * without its multiplications into the subnormal range (which the CPU
+ * finishes in microcode: ~7.7 ns a value against 0.45). A lane whose result
+ * p 2**n is normal takes exp2_normal_avx2's exponent addition; below that,
+ * the result is p's 24-bit significand M shifted right by sh = -126 - n - e
+ * (p = M 2**(e - 23), e in {-1, 0}) with round-half-to-even, which is the
+ * bit pattern of p 2**n rounded once (a shifted-out result of 2**23 is the
+ * least normal float, its bits those of the integer). */
+static inline FA_TARGET __m256 exp2_nonpos_avx2(__m256 x)
+{
+    const __m256 shift = _mm256_set1_ps(12582912.0f);
+    const __m256i one = _mm256_set1_epi32(1);
+    const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+    const __m256 xc = _mm256_max_ps(x, _mm256_set1_ps(-151.0f)); /* (x <= 0) */
+    const __m256 y = _mm256_add_ps(xc, shift);
+    const __m256 p = exp2_poly_avx2(_mm256_sub_ps(xc, _mm256_sub_ps(y, shift)));
+    const __m256i pb = _mm256_castps_si256(p);
+    const __m256i n = _mm256_sub_epi32(_mm256_castps_si256(y), _mm256_set1_epi32(0x4B400000));
+    const __m256i e = _mm256_sub_epi32(_mm256_srli_epi32(pb, 23), _mm256_set1_epi32(127));
+    const __m256i sh = _mm256_sub_epi32(_mm256_set1_epi32(-126),
+                                        _mm256_add_epi32(n, e)); /* > 0: subnormal */
+    const __m256i m = _mm256_or_si256(_mm256_and_si256(pb, _mm256_set1_epi32(0x7FFFFF)),
+                                      _mm256_set1_epi32(0x800000));
+    const __m256i half = _mm256_sllv_epi32(one, _mm256_sub_epi32(sh, one));
+    const __m256i odd = _mm256_and_si256(_mm256_srlv_epi32(m, sh), one);
+    const __m256i sub = _mm256_srlv_epi32(
+        _mm256_add_epi32(m, _mm256_add_epi32(_mm256_sub_epi32(half, one), odd)), sh);
+    const __m256i nrm = _mm256_add_epi32(pb, _mm256_slli_epi32(n, 23));
+    const __m256 r = _mm256_castsi256_ps(
+        _mm256_blendv_epi8(nrm, sub, _mm256_cmpgt_epi32(sh, _mm256_setzero_si256())));
+    return _mm256_blendv_ps(r, x, nan);
+}
+
 /* Sum of the eight lanes, in a fixed order. */
 static inline FA_TARGET float hsum_avx2(__m256 v)
 {
@@ -208,7 +241,7 @@ static FA_TARGET double FA_NAME(tile_exp)(float *s, int64_t nc, float m, int nor
     }
     for (jj = 0; jj < nc; jj += 8) {
         const __m256 x = _mm256_loadu_ps(s + jj);
-        __m256 p = exp2_avx2(_mm256_mul_ps(_mm256_sub_ps(x, mv), log2e));
+        __m256 p = exp2_nonpos_avx2(_mm256_mul_ps(_mm256_sub_ps(x, mv), log2e));
         p = _mm256_andnot_ps(_mm256_cmp_ps(x, ninf, _CMP_EQ_OQ), p); /* -inf: exactly 0 */
         _mm256_storeu_ps(s + jj, p);
         sum = _mm256_add_ps(sum, p);
@@ -547,8 +580,10 @@ static FA_TARGET void FA_NAME(exp2_array)(const float *x, float *y, int64_t n)
         const __m256 v = _mm256_maskload_ps(x + j, in); /* lanes past n: 0 */
         const __m256 ok = _mm256_and_ps(_mm256_cmp_ps(v, _mm256_set1_ps(EXP2_NORMAL_LO), _CMP_GE_OQ),
                                         _mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_LE_OQ));
+        const int nonpos = _mm256_movemask_ps(_mm256_cmp_ps(v, _mm256_setzero_ps(),
+                                                            _CMP_NLE_UQ)) == 0;
         _mm256_maskstore_ps(y + j, in, _mm256_movemask_ps(ok) == 0xFF ? exp2_normal_avx2(v)
-                                                                      : exp2_avx2(v));
+                                       : nonpos ? exp2_nonpos_avx2(v) : exp2_avx2(v));
     }
 }
 

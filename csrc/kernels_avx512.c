@@ -158,6 +158,32 @@ static inline FA_TARGET __m512 exp2_normal_avx512(__m512 x)
                                                 _mm512_slli_epi32(_mm512_castps_si512(y), 23)));
 }
 
+/* 2**x for x <= 0 (-inf and NaN included): exp2_nonpos_avx2 lane for lane
+ * (exp2_avx512's bits, subnormal results built by integer shifts). */
+static inline FA_TARGET __m512 exp2_nonpos_avx512(__m512 x)
+{
+    const __m512 shift = _mm512_set1_ps(12582912.0f);
+    const __m512i one = _mm512_set1_epi32(1);
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    const __m512 xc = _mm512_max_ps(x, _mm512_set1_ps(-151.0f)); /* (x <= 0) */
+    const __m512 y = _mm512_add_ps(xc, shift);
+    const __m512 p = exp2_poly_avx512(_mm512_sub_ps(xc, _mm512_sub_ps(y, shift)));
+    const __m512i pb = _mm512_castps_si512(p);
+    const __m512i n = _mm512_sub_epi32(_mm512_castps_si512(y), _mm512_set1_epi32(0x4B400000));
+    const __m512i e = _mm512_sub_epi32(_mm512_srli_epi32(pb, 23), _mm512_set1_epi32(127));
+    const __m512i sh = _mm512_sub_epi32(_mm512_set1_epi32(-126), _mm512_add_epi32(n, e));
+    const __m512i m = _mm512_or_si512(_mm512_and_si512(pb, _mm512_set1_epi32(0x7FFFFF)),
+                                      _mm512_set1_epi32(0x800000));
+    const __m512i half = _mm512_sllv_epi32(one, _mm512_sub_epi32(sh, one));
+    const __m512i odd = _mm512_and_si512(_mm512_srlv_epi32(m, sh), one);
+    const __m512i sub = _mm512_srlv_epi32(
+        _mm512_add_epi32(m, _mm512_add_epi32(_mm512_sub_epi32(half, one), odd)), sh);
+    const __m512i nrm = _mm512_add_epi32(pb, _mm512_slli_epi32(n, 23));
+    const __m512i r = _mm512_mask_mov_epi32(nrm, _mm512_cmpgt_epi32_mask(sh, _mm512_setzero_si512()),
+                                            sub);
+    return _mm512_mask_mov_ps(_mm512_castsi512_ps(r), nan, x);
+}
+
 /* The tile softmax step (see the portable versions in kernels.inc), sixteen
  * lanes at a time: the same exponentials element for element as the AVX2
  * variant's, summed in sixteen lanes (a fixed order of this variant's own). */
@@ -198,7 +224,7 @@ static FA_ALWAYS_INLINE FA_TARGET __m512 tile_exp_pass_avx512(float *s, int64_t 
         const __m512 x = _mm512_loadu_ps(s + jj);
         const __m512 y = _mm512_mul_ps(_mm512_sub_ps(x, mv), log2e);
         const __m512 p = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, ninf, _CMP_NEQ_UQ),
-                                             normal ? exp2_normal_avx512(y) : exp2_avx512(y));
+                                             normal ? exp2_normal_avx512(y) : exp2_nonpos_avx512(y));
         _mm512_storeu_ps(s + jj, p);
         sum = _mm512_add_ps(sum, p);
     }

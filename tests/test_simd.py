@@ -77,6 +77,27 @@ def test_attention_exp2_within_two_ulp(simd):
     assert np.max(_ulp_error(y, want)) <= 2.0
 
 
+def test_exp2_of_subnormal_results_is_the_normal_result_rounded(simd):
+    # 2**x below 2**-126 is built from the polynomial's significand by an
+    # integer shift (no multiplication into the subnormal range); its bits
+    # must be those of 2**(x + 64), which is normal and shares x's polynomial
+    # (x + 64 is exact and has the same fraction), times 2**-64 rounded once
+    # to float32 (float64 holds the product exactly; numpy's cast rounds to
+    # nearest even, subnormals included)
+    x = np.concatenate([np.linspace(-151.0, -120.0, 2_000_001, dtype=np.float32),
+                        np.float32(-126.0) - np.arange(26, dtype=np.float32),
+                        np.nextafter(np.float32(-126.0) - np.arange(26, dtype=np.float32),
+                                     np.float32(0))])
+    y = np.empty_like(x)
+    _core.exp2(x, y)
+    x64 = x + np.float32(64.0)
+    assert np.array_equal(x64 - np.float32(64.0), x)
+    y64 = np.empty_like(x64)
+    _core.exp2(x64, y64)
+    want = (y64.astype(np.float64) * 2.0**-64).astype(np.float32)
+    np.testing.assert_array_equal(y.view(np.uint32), want.view(np.uint32))
+
+
 def test_exponentials_special_values(simd):
     x = np.array([-np.inf, np.inf, np.nan, 0.0, -1000.0, 1000.0], np.float32)
     y = np.empty_like(x)
