@@ -400,7 +400,7 @@ static int64_t ktc_entries(const fa_attn_args *a, const fa_units *g, int weights
 {
     const int64_t groups = g->kvh > 0 ? a->nbatch / g->kvh : 0;
     if (a->S <= 0 || groups <= 0 || g->nunits <= groups
-        || (!weights && g->nh * g->nq <= FA_FEW_ROWS))
+        || (!weights && (g->kvh < g->G ? g->kvh : g->nh) * g->nq <= FA_FEW_ROWS))
         return 0;
     return groups * ((a->S + FA_BK - 1) / FA_BK);
 }
