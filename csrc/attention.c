@@ -76,7 +76,7 @@ static int scratch_alloc(fa_scratch *w, int64_t D, int64_t Dv)
         FA_BQ * sizeof(float),                 /* mt */
         FA_BQ * sizeof(double),                /* lt */
         (FA_BQ * Dvp + 1) * sizeof(float),     /* acct */
-        2 * FA_BQ * sizeof(float),             /* tmax */
+        FA_BQ * sizeof(float),                 /* tmax */
         FA_MAX_MR * FA_NR * sizeof(float),     /* pvo */
     };
     void **slots[FA_SCRATCH_BUFFERS];

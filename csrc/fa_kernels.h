@@ -71,8 +71,7 @@ typedef struct {
     float *acc;       /* FA_BQ x Dvp  running accumulators */
     float *m;         /* FA_BQ running maxima of the scores */
     float *alpha;     /* FA_BQ rescale factors of the current tile */
-    float *tmax;      /* 2 x FA_BQ the rows' maxima with the current tile, then
-                       * their least scores above -inf in it */
+    float *tmax;      /* FA_BQ the rows' maxima with the current tile */
     double *l;        /* FA_BQ running sums */
     int64_t *lo, *hi; /* FA_BQ allowed key ranges */
     unsigned char *live; /* FA_BQ: row has an allowed key in the current tile */

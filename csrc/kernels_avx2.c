@@ -199,19 +199,16 @@ static inline FA_TARGET float hmin_avx2(__m256 v)
 #ifndef FA_HAVE_TILE_SOFTMAX /* (a variant that includes this file may bring its own) */
 #define FA_HAVE_TILE_SOFTMAX 1
 /* The tile softmax step, eight lanes at a time (see the portable versions). */
-static FA_TARGET float FA_NAME(tile_max)(const float *s, int64_t nc, float m, float *least)
+static FA_TARGET float FA_NAME(tile_max)(const float *s, int64_t nc, float m)
 {
-    const __m256 ninf = _mm256_set1_ps(-INFINITY), pinf = _mm256_set1_ps(INFINITY);
-    __m256 mx = ninf, mn = pinf, nan = _mm256_setzero_ps();
+    __m256 mx = _mm256_set1_ps(-INFINITY), nan = _mm256_setzero_ps();
     float r;
     int jj;
     for (jj = 0; jj < nc; jj += 8) {
         const __m256 x = _mm256_loadu_ps(s + jj);
         mx = _mm256_max_ps(mx, x); /* a NaN x leaves mx; caught by `nan` */
-        mn = _mm256_min_ps(mn, _mm256_blendv_ps(x, pinf, _mm256_cmp_ps(x, ninf, _CMP_EQ_OQ)));
         nan = _mm256_or_ps(nan, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
     }
-    *least = hmin_avx2(mn);
     if (_mm256_movemask_ps(nan) || m != m)
         return NAN;
     r = hmax_avx2(mx);
@@ -219,30 +216,24 @@ static FA_TARGET float FA_NAME(tile_max)(const float *s, int64_t nc, float m, fl
 }
 
 /* A row of scores s[0..nc) (natural units) -> exp(s - m) = 2**((s - m) log2 e),
- * and their sum. A row whose scores are -inf (masked keys, the padding of a
- * short tile) or lie within 85 of m (normal; no NaN: (s - m) log2 e >= -124)
- * takes exp2_normal_avx2, the -inf lanes set to exactly 0 as the general path
- * sets them: the same bits, fewer instructions. */
-static FA_TARGET double FA_NAME(tile_exp)(float *s, int64_t nc, float m, int normal)
+ * and their sum. Eight lanes whose arguments are -inf (masked keys, the
+ * padding of a short tile) or at least EXP2_NORMAL_LO (a normal result; not
+ * NaN) take exp2_normal_avx2, the -inf lanes set to exactly 0 as the general
+ * path sets them: the same bits, fewer instructions; other lanes
+ * exp2_nonpos_avx2. */
+static FA_TARGET double FA_NAME(tile_exp)(float *s, int64_t nc, float m)
 {
     const __m256 mv = _mm256_set1_ps(m), log2e = _mm256_set1_ps(FA_LOG2E);
-    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    const __m256 ninf = _mm256_set1_ps(-INFINITY), lo = _mm256_set1_ps(EXP2_NORMAL_LO);
     __m256 sum = _mm256_setzero_ps();
     int jj;
-    if (normal) {
-        for (jj = 0; jj < nc; jj += 8) {
-            const __m256 x = _mm256_loadu_ps(s + jj);
-            __m256 p = exp2_normal_avx2(_mm256_mul_ps(_mm256_sub_ps(x, mv), log2e));
-            p = _mm256_andnot_ps(_mm256_cmp_ps(x, ninf, _CMP_EQ_OQ), p); /* -inf: exactly 0 */
-            _mm256_storeu_ps(s + jj, p);
-            sum = _mm256_add_ps(sum, p);
-        }
-        return (double)hsum_avx2(sum);
-    }
     for (jj = 0; jj < nc; jj += 8) {
         const __m256 x = _mm256_loadu_ps(s + jj);
-        __m256 p = exp2_nonpos_avx2(_mm256_mul_ps(_mm256_sub_ps(x, mv), log2e));
-        p = _mm256_andnot_ps(_mm256_cmp_ps(x, ninf, _CMP_EQ_OQ), p); /* -inf: exactly 0 */
+        const __m256 y = _mm256_mul_ps(_mm256_sub_ps(x, mv), log2e);
+        const __m256 masked = _mm256_cmp_ps(x, ninf, _CMP_EQ_OQ);
+        const __m256 ok = _mm256_or_ps(masked, _mm256_cmp_ps(y, lo, _CMP_GE_OQ));
+        __m256 p = _mm256_movemask_ps(ok) == 0xFF ? exp2_normal_avx2(y) : exp2_nonpos_avx2(y);
+        p = _mm256_andnot_ps(masked, p); /* -inf: exactly 0 */
         _mm256_storeu_ps(s + jj, p);
         sum = _mm256_add_ps(sum, p);
     }

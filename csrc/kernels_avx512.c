@@ -190,20 +190,17 @@ static inline FA_TARGET __m512 exp2_nonpos_avx512(__m512 x)
 #define FA_HAVE_TILE_SOFTMAX 1
 typedef char fa_avx512_tile_is_whole_registers[FA_BK % 16 == 0 ? 1 : -1];
 
-static FA_TARGET float tile_max_avx512(const float *s, int64_t nc, float m, float *least)
+static FA_TARGET float tile_max_avx512(const float *s, int64_t nc, float m)
 {
-    const __m512 ninf = _mm512_set1_ps(-INFINITY);
-    __m512 mx = ninf, mn = _mm512_set1_ps(INFINITY);
+    __m512 mx = _mm512_set1_ps(-INFINITY);
     __mmask16 nan = 0;
     float r;
     int jj;
     for (jj = 0; jj < nc; jj += 16) {
         const __m512 x = _mm512_loadu_ps(s + jj);
         mx = _mm512_max_ps(mx, x); /* a NaN x: caught by `nan` */
-        mn = _mm512_mask_min_ps(mn, _mm512_cmp_ps_mask(x, ninf, _CMP_NEQ_UQ), mn, x);
         nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
     }
-    *least = _mm512_reduce_min_ps(mn);
     if (nan || m != m)
         return NAN;
     r = _mm512_reduce_max_ps(mx);
@@ -211,31 +208,26 @@ static FA_TARGET float tile_max_avx512(const float *s, int64_t nc, float m, floa
 }
 
 /* s[0..nc) -> exp(s - m) in place (exactly 0 for -inf) and their sum (the
- * sixteen lanes' sums added). normal: every score above -inf lies within 85
- * of m, so exp2_normal_avx512 serves (a constant at each call: two loops). */
-static FA_ALWAYS_INLINE FA_TARGET __m512 tile_exp_pass_avx512(float *s, int64_t nc, float m,
-                                                              int normal)
+ * sixteen lanes' sums added). Sixteen lanes whose arguments are -inf or at
+ * least -124 (a normal result; not NaN) take exp2_normal_avx512 (the same
+ * bits), other registers exp2_nonpos_avx512. */
+static FA_TARGET double tile_exp_avx512(float *s, int64_t nc, float m)
 {
     const __m512 mv = _mm512_set1_ps(m), log2e = _mm512_set1_ps(FA_LOG2E);
-    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    const __m512 ninf = _mm512_set1_ps(-INFINITY), lo = _mm512_set1_ps(-124.0f);
     __m512 sum = _mm512_setzero_ps();
     int64_t jj;
     for (jj = 0; jj < nc; jj += 16) {
         const __m512 x = _mm512_loadu_ps(s + jj);
         const __m512 y = _mm512_mul_ps(_mm512_sub_ps(x, mv), log2e);
-        const __m512 p = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, ninf, _CMP_NEQ_UQ),
-                                             normal ? exp2_normal_avx512(y) : exp2_nonpos_avx512(y));
+        const __mmask16 live = _mm512_cmp_ps_mask(x, ninf, _CMP_NEQ_UQ);
+        const __mmask16 slow = live & _mm512_cmp_ps_mask(y, lo, _CMP_NGE_UQ);
+        const __m512 p = _mm512_maskz_mov_ps(live, slow ? exp2_nonpos_avx512(y)
+                                                        : exp2_normal_avx512(y));
         _mm512_storeu_ps(s + jj, p);
         sum = _mm512_add_ps(sum, p);
     }
-    return sum;
-}
-
-static FA_TARGET double tile_exp_avx512(float *s, int64_t nc, float m, int normal)
-{
-    if (normal)
-        return (double)_mm512_reduce_add_ps(tile_exp_pass_avx512(s, nc, m, 1));
-    return (double)_mm512_reduce_add_ps(tile_exp_pass_avx512(s, nc, m, 0));
+    return (double)_mm512_reduce_add_ps(sum);
 }
 
 /* Sixteen half-precision elements (the bits in h) of dtype dt as float32:
