@@ -322,9 +322,6 @@ typedef struct {
     int64_t index; /* its place in the caller's list (ties in the order) */
     unsigned char *vflag; /* its value tiles' record (fa_scratch's vflag), or NULL */
     int64_t vflag_nt;     /* key tiles per batch item in it */
-    float *ktc;           /* its share of the packed key tiles (fa_scratch's ktc), */
-    unsigned char *ktc_state;
-    int64_t ktc_nt, ktc_n; /* tiles per kv group, entries */
 } fa_problem;
 
 /* Units [n, n_end) of problem p: unit n whole (chunk < 0, n_end = n + 1), or
@@ -343,8 +340,6 @@ typedef struct {
     float *pm, *pacc;
     double *pl;
     unsigned char *vflags; /* the problems' value-tile records, one allocation */
-    void *ktc_mem;         /* the problems' packed key tiles and their states */
-    unsigned char *ktc_state;
 } fa_plan;
 
 /* Rows of unit u times the keys they may see: its cost. */
@@ -385,25 +380,8 @@ static void plan_free(fa_plan *pl)
     free(pl->pl);
     free(pl->pacc);
     free(pl->vflags);
-    free(pl->ktc_mem);
-    free(pl->ktc_state);
 }
 
-/* The call's packed key tiles (fa_scratch's ktc) hold at most this many
- * bytes: beyond, units pack the tiles they read themselves. */
-#define FA_KTC_BYTES ((size_t)16 << 20)
-
-/* The entries (kv group, key tile) of a's shared packed key tiles: where
- * more than one unit of a kv group packs the same tiles (and the units are
- * not the few-rows kind, which read k in place); 0 if none. */
-static int64_t ktc_entries(const fa_attn_args *a, const fa_units *g, int weights)
-{
-    const int64_t groups = g->kvh > 0 ? a->nbatch / g->kvh : 0;
-    if (a->S <= 0 || groups <= 0 || g->nunits <= groups
-        || (!weights && (g->kvh < g->G ? g->kvh : g->nh) * g->nq <= FA_FEW_ROWS))
-        return 0;
-    return groups * ((a->S + FA_BK - 1) / FA_BK);
-}
 
 /* The key tiles per batch item of a's value-tile record (fa_scratch's
  * vflag), or 0 where it has none: it pays where float32 values are read in
@@ -441,9 +419,7 @@ static int plan_build(const fa_attn_args *a, int64_t nprob, int split, int nthre
         pr[p].index = p;
         pr[p].cost = 0.0;
         pr[p].vflag = NULL;
-        pr[p].ktc = NULL;
-        pr[p].ktc_state = NULL;
-        pr[p].vflag_nt = pr[p].ktc_nt = pr[p].ktc_n = 0;
+        pr[p].vflag_nt = 0;
         for (n = 0; n < pr[p].g.nunits; n++) {
             const fa_unit u = unit_at(q, &pr[p].g, n, -1);
             pr[p].cost += unit_cost(q, &u);
@@ -577,32 +553,6 @@ static int plan_build(const fa_attn_args *a, int64_t nprob, int split, int nthre
             nflags += (size_t)(pr[p].vflag_nt * pr[p].a->nbatch);
         }
     }
-#ifdef FA_HAVE_KTC
-    { /* the packed key tiles shared by the units: the first entries that fit */
-        const size_t per = (size_t)a[0].D * FA_BK * sizeof(float);
-        size_t left = per > 0 ? FA_KTC_BYTES / per : 0, n_all = 0;
-        for (p = 0; p < nprob; p++) {
-            const int64_t ne = ktc_entries(pr[p].a, &pr[p].g, !split);
-            pr[p].ktc_nt = (pr[p].a->S + FA_BK - 1) / FA_BK;
-            pr[p].ktc_n = (size_t)ne < left ? ne : (int64_t)left;
-            left -= (size_t)pr[p].ktc_n;
-            n_all += (size_t)pr[p].ktc_n;
-        }
-        if (n_all > 0) {
-            pl->ktc_mem = malloc(n_all * per + 64);
-            pl->ktc_state = (unsigned char *)calloc(n_all, 1);
-            if (!pl->ktc_mem || !pl->ktc_state)
-                return FA_ERR_NOMEM;
-        }
-        for (n_all = 0, p = 0; p < nprob; p++) {
-            float *base = (float *)((char *)pl->ktc_mem
-                                    + (64 - (uintptr_t)pl->ktc_mem % 64) % 64);
-            pr[p].ktc = pr[p].ktc_n > 0 ? base + n_all * (per / sizeof(float)) : NULL;
-            pr[p].ktc_state = pr[p].ktc_n > 0 ? pl->ktc_state + n_all : NULL;
-            n_all += (size_t)pr[p].ktc_n;
-        }
-    }
-#endif
     if (nfold > 0) /* split units: threads for the chunks */
         *nt = fa_threads_for(nthreads, work, nitems);
     return FA_OK;
@@ -640,11 +590,6 @@ static int plan_run(const fa_plan *pl, float *out, float *lse, float *weights, i
                 continue;
             w.vflag = p->vflag;
             w.vflag_nt = p->vflag_nt;
-            w.ktc = p->ktc;
-            w.ktc_state = p->ktc_state;
-            w.ktc_G = p->g.kvh;
-            w.ktc_nt = p->ktc_nt;
-            w.ktc_n = p->ktc_n;
             for (n = it->n; n < it->n_end; n++) {
                 const fa_unit u = unit_at(p->a, &p->g, n, it->chunk);
                 if (weights) {

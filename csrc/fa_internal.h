@@ -212,33 +212,6 @@ static inline void fa_flag_set(unsigned char *f, unsigned char v)
 #endif
 }
 
-/* The packed key tile of the call's shared cache (fa_scratch's ktc) for kv
- * group entry e (per floats each), if it is ready or this thread may pack it (*mine set: pack
- * it, then fa_ktc_ready); NULL if another thread is packing it (the caller
- * packs its own copy: no thread waits for another). */
-#if defined(__GNUC__) || defined(__clang__)
-#define FA_HAVE_KTC 1
-static inline float *fa_ktc_claim(float *ktc, unsigned char *state, int64_t e, int64_t per,
-                                  int *mine)
-{
-    unsigned char expect = 0;
-    *mine = 0;
-    if (__atomic_load_n(&state[e], __ATOMIC_ACQUIRE) == 2)
-        return ktc + e * per;
-    if (__atomic_compare_exchange_n(&state[e], &expect, 1, 0, __ATOMIC_ACQUIRE,
-                                    __ATOMIC_RELAXED)) {
-        *mine = 1;
-        return ktc + e * per;
-    }
-    return NULL;
-}
-
-static inline void fa_ktc_ready(unsigned char *state, int64_t e)
-{
-    __atomic_store_n(&state[e], 2, __ATOMIC_RELEASE);
-}
-#endif
-
 /* Asks the cache for the line at byte offset `off` from p, which may lie past
  * the array (the tile after the last: a prefetch never faults, and the address
  * is formed as an integer). A hint only: no result depends on it. */

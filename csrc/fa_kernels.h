@@ -90,15 +90,6 @@ typedef struct {
      * NULL: each unit checks its tiles). */
     unsigned char *vflag;
     int64_t vflag_nt;
-    /* Shared by the threads, set per work item: the call's key tiles packed
-     * once for every unit that reads them (or ktc NULL: each unit packs its
-     * own, into kt). Entry e = (b / ktc_G) ktc_nt + t (kv head, key tile;
-     * ktc_G heads share one k) for e < ktc_n: D x FA_BK floats at ktc + e D
-     * FA_BK, ready once ktc_state[e] is 2 (0: not packed, 1: being packed by
-     * some thread). */
-    float *ktc;
-    unsigned char *ktc_state;
-    int64_t ktc_G, ktc_nt, ktc_n;
 } fa_scratch;
 
 typedef struct {

@@ -703,8 +703,7 @@ def scaled_dot_product_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike,
     key tiles wholly outside the causal, window or (non-decreasing) segment
     bounds are skipped, so causal attention costs about half of full
     attention and a window of w keys costs O(L w D). Working memory is
-    O(threads x tile), plus at most 16 MiB per call shared by the threads (the
-    key tiles transposed once for all the query tiles that read them).
+    O(threads x tile).
 
     References
     ----------
