@@ -396,6 +396,27 @@ def test_nan_in_allowed_v_row_spreads_to_output(rng):
     assert np.isfinite(lse).all()
 
 
+def test_non_finite_values_in_a_tile_many_units_read(rng, threads):
+    # float32 values read in place (Dv a multiple of 16) by many 96-row units
+    # of one head: each tile is checked once per call and its record serves
+    # every unit. A NaN or inf value reaches exactly the rows whose causal
+    # bounds allow its key, for every thread count.
+    q, k, v = qkv(rng, (2, 300, 32), (2, 300, 32), (2, 300, 32))
+    v[0, 20, 3] = np.inf
+    v[1, 250, 5] = np.nan
+    outs = []
+    for n in (1, 2, 3):
+        threads(n)
+        outs.append(compare_sdpa(q, k, v, is_causal=True))
+    for o, lse in outs[1:]:
+        assert_same_bits(o, outs[0][0])
+        assert_same_bits(lse, outs[0][1])
+    o = outs[0][0]
+    assert np.isfinite(o[0, :20]).all() and not np.isfinite(o[0, 20:, 3]).any()
+    assert np.isfinite(np.delete(o[0, 20:], 3, -1)).all()
+    assert np.isfinite(o[1, :250]).all() and np.isnan(o[1, 250:, 5]).all()
+
+
 def test_huge_scores_do_not_overflow(rng):
     # Integer q, k times powers of two and a power-of-two scale: every score
     # is exact in float32 and up to ~1e35, distinct scores differ by >= 2**110.
