@@ -735,3 +735,58 @@ def test_import_needs_no_optional_dependency():
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("alias", ["k-slot", "k-shifted", "v-in-k_cache", "q-in-cache"])
+def test_kvcache_new_kv_aliasing_the_cache(paged, alias):
+    """q, k and v that are views of the cache, the positions written included,
+    are read as they were before the call: the result and the cache equal
+    those of the same call on copies of them."""
+    rng = np.random.default_rng(23)
+    c = _cache_case(rng, B=2, S=16, H=2, Hkv=2, D=8, L=1, L_new=2)
+    kfull, vfull = c["k_cache"], c["v_cache"]  # (2, 16, 2, 8)
+    kw = dict(cache_seqlens=np.array([5, 9], np.int32), causal=True, return_softmax_lse=True)
+    kc, vc = kfull, vfull
+    if paged:  # the same memory as blocks of 8: position p of sequence b in block 2 b + p // 8
+        kc, vc = kfull.reshape(4, 8, 2, 8), vfull.reshape(4, 8, 2, 8)
+        kw["block_table"] = np.array([[0, 1], [2, 3]], np.int32)
+    q, k, v = c["q"], c["k"], c["v"]
+    if alias == "k-slot":  # sequence 0 writes positions 5 and 6: k is what they hold
+        k = kfull[:, 5:7]
+    elif alias == "k-shifted":  # positions 5, 6 written from 4, 5 (a memmove)
+        k = kfull[:, 4:6]
+    elif alias == "v-in-k_cache":  # v from the key cache, which is written first
+        v = kfull[:, 5:7]
+    else:  # the queries are position 5 of the key cache (written by sequence 0)
+        q = kfull[:, 5:6]
+    assert kc.base is kfull or kc is kfull
+    assert any(np.shares_memory(x, kfull) or np.shares_memory(x, vfull) for x in (q, k, v))
+    kc2, vc2 = kc.copy(), vc.copy()
+    want = flash_attn_with_kvcache(q.copy(), kc2, vc2, k.copy(), v.copy(), **kw)
+    got = flash_attn_with_kvcache(q, kc, vc, k, v, **kw)
+    assert np.array_equal(kc, kc2) and np.array_equal(vc, vc2)
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+
+
+def test_kvcache_caches_sharing_memory_with_new_kv():
+    """k_cache and v_cache that overlap (each appended position would be
+    written twice) are an error when k and v are given, before anything is
+    written; reading such caches (no k, v) is fine."""
+    c = _case()
+    c["v_cache"] = c["k_cache"]
+    before = c["k_cache"].copy()
+    with pytest.raises(ValueError, match="k_cache and v_cache must not share memory"):
+        flash_attn_with_kvcache(**c)
+    assert np.array_equal(c["k_cache"], before)
+    c["k"] = c["v"] = None
+    flash_attn_with_kvcache(**c)
+    # a key and a value cache interleaved in one buffer do not overlap
+    rng = np.random.default_rng(24)
+    c = _cache_case(rng, B=2, S=8, H=2, Hkv=2, D=8, L=1, L_new=1)
+    kv = randn(rng, 2, 8, 2, 2, 8)
+    want = flash_attn_with_kvcache(c["q"], kv[:, :, :, 0].copy(), kv[:, :, :, 1].copy(), c["k"],
+                                   c["v"], cache_seqlens=3)
+    got = flash_attn_with_kvcache(c["q"], kv[:, :, :, 0], kv[:, :, :, 1], c["k"], c["v"],
+                                  cache_seqlens=3)
+    assert np.array_equal(got, want)

@@ -20,6 +20,7 @@ from fastattn._typing import AttentionResult, Float32Array, SegmentIds, Window, 
 from fastattn import _core
 from fastattn._validate import (
     as_bool,
+    aligned,
     as_float32,
     attention_inputs,
     check_out,
@@ -153,8 +154,8 @@ _ROWWISE_RAISES = """
     numpy.exceptions.AxisError
         If `axis` is out of range or `x` is 0-d.
     ValueError
-        If `out` has the wrong shape, is not C-contiguous or writeable, or
-        shares memory with `x`."""
+        If `out` has the wrong shape, is not C-contiguous, writeable or
+        aligned, or shares memory with `x`."""
 
 _ROWWISE_NOTES = """
     With ``m = max(x)`` over each slice along `axis` (never overflows, at any
@@ -221,7 +222,7 @@ def softmax(x: ArrayLike, axis: int = -1, *,
     axis : int, default -1
         The axis along which the weights sum to 1; negative counts from the end.
     out : ndarray, optional
-        Writeable, C-contiguous float32 array of shape ``x.shape``, not sharing
+        Writeable, C-contiguous, aligned float32 array of shape ``x.shape``, not sharing
         memory with `x`; receives the result and is returned.
 
     Returns
@@ -261,7 +262,7 @@ def log_softmax(x: ArrayLike, axis: int = -1, *,
     axis : int, default -1
         The axis of the softmax; negative counts from the end.
     out : ndarray, optional
-        Writeable, C-contiguous float32 array of shape ``x.shape``, not sharing
+        Writeable, C-contiguous, aligned float32 array of shape ``x.shape``, not sharing
         memory with `x`; receives the result and is returned.
 
     Returns
@@ -296,7 +297,7 @@ def logsumexp(x: ArrayLike, axis: int = -1, *, keepdims: bool = False,
     keepdims : bool, default False
         Keep the reduced axis with length 1, as in NumPy reductions.
     out : ndarray, optional
-        Writeable, C-contiguous float32 array of the result's shape, not
+        Writeable, C-contiguous, aligned float32 array of the result's shape, not
         sharing memory with `x`; receives the result and is returned.
 
     Returns
@@ -450,7 +451,7 @@ def _paged_sdpa(q, k_cache, v_cache, block_table, seqlen, *, is_causal=False, wi
         raise ValueError(f"q's heads ({Hq}) must be a multiple of the cache's ({Hkv})")
     if bs % PAGE_MULTIPLE != 0:
         raise ValueError(f"block_size must be a multiple of {PAGE_MULTIPLE}, got {bs}")
-    table = np.ascontiguousarray(block_table, dtype=np.int32)
+    table = aligned(np.ascontiguousarray(block_table, dtype=np.int32))
     S = int(seqlen)
     pages = -(-S // bs)
     if table.ndim != 2 or table.shape[0] != B or table.shape[1] < pages or S < 0:
@@ -665,7 +666,7 @@ def scaled_dot_product_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike,
         (natural log; with `sinks`, ``exp(sink)`` joins the sum), so results
         over disjoint key sets can be merged exactly.
     out : ndarray, optional
-        Writeable, C-contiguous float32 array of shape (..., L, Dv), not sharing
+        Writeable, C-contiguous, aligned float32 array of shape (..., L, Dv), not sharing
         memory with any input; receives the output and is returned.
 
     Returns
@@ -994,7 +995,7 @@ def varlen_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: Arr
         Also return ``lse`` of shape (total_q, Hq) (FlashAttention's
         ``softmax_lse`` is its transpose).
     out : ndarray, optional
-        Writeable, C-contiguous float32 array of shape (total_q, Hq, Dv), not
+        Writeable, C-contiguous, aligned float32 array of shape (total_q, Hq, Dv), not
         sharing memory with any input; receives the output and is returned.
 
     Returns
@@ -1113,7 +1114,7 @@ def merge_attention(outs: ArrayLike, lses: ArrayLike, *,
         The P matching log-sum-exps, each of shape (..., L) (or one array of
         shape (P, ..., L)).
     out : ndarray, optional
-        Writeable, C-contiguous float32 array of shape (..., L, Dv), not sharing
+        Writeable, C-contiguous, aligned float32 array of shape (..., L, Dv), not sharing
         memory with any partial; receives the merged output and is returned.
 
     Returns

@@ -103,13 +103,23 @@ def _real_array(x, name):
     return arr
 
 
+def aligned(arr: np.ndarray) -> np.ndarray:
+    """`arr` (C-contiguous) itself when its elements lie at addresses that are
+    multiples of their size, else an aligned copy: the kernels take arrays as
+    typed C pointers, which must be aligned. NumPy's conversions keep a
+    misaligned array as it is (``np.frombuffer(buf, np.float32, offset=1)``, a
+    field of a packed record), so every array handed to the kernels whole
+    passes through here (those read in place row by row: rows_in_place)."""
+    return arr if arr.flags.aligned else np.array(arr, order="C")
+
+
 def as_float32(x, name):
-    """`x` as a C-contiguous float32 array; no copy when it already is one.
+    """`x` as an aligned C-contiguous float32 array; no copy when it already is one.
 
     Raises TypeError unless `x` converts to a real floating dtype (float16,
     bfloat16, float32, float64: converted to float32).
     """
-    return np.asarray(_real_array(x, name), dtype=np.float32, order="C")
+    return aligned(np.asarray(_real_array(x, name), dtype=np.float32, order="C"))
 
 
 def rows_in_place(arr):
@@ -195,6 +205,9 @@ def check_out(out: Any, shape: Sequence[int], inputs: Iterable[Tuple[str, Any]])
         raise ValueError("out must be C-contiguous")
     if not out.flags.writeable:
         raise ValueError("out must be writeable")
+    if not out.flags.aligned:
+        raise ValueError(f"out must be aligned (its address a multiple of 4 bytes), got an "
+                         f"array at address {out.ctypes.data:#x}")
     for name, arr in inputs:
         if shares_memory(out, arr):
             raise ValueError(f"out must not share memory with {name}")
@@ -294,8 +307,8 @@ def _ids(value: Any, name: str, target: Tuple[int, ...]) -> np.ndarray:
         raise ValueError(f"{name} of shape {arr.shape} does not broadcast to {target}")
     arr = compact_broadcast(arr)
     if arr.dtype == np.uint64:  # reinterpreted: equal ids stay equal, different ones differ
-        return np.ascontiguousarray(arr).view(np.int64)
-    return np.ascontiguousarray(arr, dtype=np.int64)
+        return aligned(np.ascontiguousarray(arr)).view(np.int64)
+    return aligned(np.ascontiguousarray(arr, dtype=np.int64))
 
 
 def check_segment_ids(segment_ids: Any, batch: Sequence[int], L: int,
@@ -469,9 +482,9 @@ def attention_inputs(q: Any, k: Any, v: Any, attn_mask: Any, is_causal: Any, win
                             f"{mask.dtype}")
         mask = compact_broadcast(mask)
         if mask.dtype == np.bool_:
-            mask = np.ascontiguousarray(mask)
+            mask = aligned(np.ascontiguousarray(mask))
         else:
-            mask = np.ascontiguousarray(mask, dtype=np.float32)
+            mask = aligned(np.ascontiguousarray(mask, dtype=np.float32))
         target = batch + (L, S)
         try:
             ok = np.broadcast_shapes(mask.shape, target) == target
@@ -563,7 +576,7 @@ def check_cu_seqlens(cu: Any, name: str, total: int, what: str) -> np.ndarray:
                          f"{int(arr[i + 1])} at index {i}")
     if int(arr[-1]) != total:
         raise ValueError(f"{name} must end at {what} = {total}, got {int(arr[-1])}")
-    return np.ascontiguousarray(arr, dtype=np.int64)
+    return aligned(np.ascontiguousarray(arr, dtype=np.int64))
 
 
 class VarlenInputs(NamedTuple):

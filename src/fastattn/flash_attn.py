@@ -34,7 +34,7 @@ import numpy as np
 
 import fastattn
 from fastattn import _api  # _paged_sdpa: the kernel's in-place paged read
-from fastattn._validate import as_array
+from fastattn._validate import as_array, shares_memory
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"]
 
@@ -165,7 +165,7 @@ def _check_heads(H, Hkv, what="k"):
 
 def _check_out(out, shape, inputs):
     """`out` for a result of `shape`: float32 (TypeError), exact shape, C-contiguous,
-    writeable and not overlapping an input (ValueError)."""
+    writeable, aligned and not overlapping an input (ValueError)."""
     if out is None:
         return None
     if not isinstance(out, np.ndarray):
@@ -178,6 +178,8 @@ def _check_out(out, shape, inputs):
         raise ValueError("out must be C-contiguous")
     if not out.flags.writeable:
         raise ValueError("out must be writeable")
+    if not out.flags.aligned:
+        raise ValueError("out must be aligned (its address a multiple of 4 bytes)")
     for name, arr in inputs:
         if isinstance(arr, np.ndarray) and np.may_share_memory(out, arr):
             raise ValueError(f"out must not share memory with {name}")
@@ -659,7 +661,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         New keys appended into `k_cache` (after the rotary embedding, when
         given), cast to the cache's dtype. Needs `v` and `cache_seqlens`.
     v : array_like, shape (B, L_new, Hkv, Dv), optional
-        New values appended into `v_cache`.
+        New values appended into `v_cache`. `q`, `k` and `v` may be views of
+        the caches (the positions written included): they are read as they
+        were before the call (copied first when they share memory with
+        `k_cache` or `v_cache`), as NumPy's ``a[idx] = b`` reads an
+        overlapping ``b``; FlashAttention's kernel leaves that case undefined.
     rotary_cos, rotary_sin : array_like, shape (seqlen_ro, rotary_dim / 2), optional
         Rotary embedding tables (both or neither; only with `k`): the first
         ``rotary_dim`` features of k are rotated at positions
@@ -712,7 +718,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     ValueError
         Before the cache is touched: if shapes disagree (batch, heads, D,
         rotary tables), only one of `k`/`v` or of `rotary_cos`/`rotary_sin` is
-        given, `k` comes without `cache_seqlens`, rotary tables come without
+        given, `k_cache` and `v_cache` share memory while `k` is given, `k` comes without `cache_seqlens`, rotary tables come without
         `k`, ``cache_seqlens[b] + L_new`` exceeds the cache (or what
         `block_table` addresses), `cache_leftpad` is outside ``[0,
         cache_seqlens]``, `cache_batch_idx` or `block_table` point outside the
@@ -770,6 +776,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         raise ValueError("k and v must be given together (the new keys and values)")
     k_cache = _array(k_cache, "k_cache", 4, writeable=new_kv)
     v_cache = _array(v_cache, "v_cache", 4, writeable=new_kv)
+    if new_kv and shares_memory(k_cache, v_cache):
+        raise ValueError("k_cache and v_cache must not share memory when k and v are appended "
+                         "(each position would be written twice)")
     paged = block_table is not None
     Hkv = k_cache.shape[2]
     if k_cache.shape[3] != D:
@@ -880,7 +889,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                           ("k", k), ("v", v)])
 
     # Append k and v into the cache, in place (everything has been checked).
+    # q, k or v that share memory with the cache are read as they were before
+    # the call (copied first, as NumPy's `a[idx] = b` reads an overlapping b).
     if new_kv and L_new and B:
+        q, k, v = (np.array(x) if shares_memory(x, k_cache) or shares_memory(x, v_cache) else x
+                   for x in (q, k, v))
         pos = seqlens[:, None] + np.arange(L_new)  # (B, L_new)
         if paged:
             blocks = np.take_along_axis(table, pos // block_size, axis=1)

@@ -1,0 +1,203 @@
+"""Inputs at any byte address: every kernel path gives the bits of aligned copies.
+
+NumPy arrays need not start at an aligned address: ``np.frombuffer(buf,
+np.float32, offset=1)`` (or a view into a byte buffer, a memory-mapped file,
+a slice of a packed record) gives float32 elements at odd addresses, and
+even an element-aligned array is rarely aligned to a cache line or a SIMD
+register. No kernel may assume either: arrays that are not element-aligned
+are copied once (NumPy's own ``flags.aligned``), element-aligned ones are read
+in place with unaligned loads. Each case compares, bit for bit, the call on
+arrays placed at byte offsets 1, 2, 4 and 36 from a 64-byte boundary with the
+call on the same values in fresh (aligned) arrays, on every SIMD path.
+"""
+import numpy as np
+import pytest
+
+import fastattn
+from fastattn import _core
+from fastattn.flash_attn import flash_attn_with_kvcache
+
+try:
+    import ml_dtypes
+except ImportError:  # pragma: no cover - ml_dtypes is in the test extra
+    ml_dtypes = None
+
+sdpa = fastattn.scaled_dot_product_attention
+OFFSETS = [1, 2, 4, 36]
+HALF = [np.float16] + ([ml_dtypes.bfloat16] if ml_dtypes is not None else [])
+
+
+@pytest.fixture(params=_core.simd_available())
+def simd(request, monkeypatch):
+    """Run a test on each kernel path this CPU has, then restore the default;
+    meanwhile every array handed to the compiled core must be element-aligned
+    (sdpa_plain checks its own arguments and declines misaligned ones)."""
+    def guarded(name, fn):
+        def call(*args, **kwargs):
+            for a in list(args) + list(kwargs.values()):
+                for x in a if isinstance(a, (list, tuple)) else (a,):
+                    if isinstance(x, np.ndarray):
+                        assert x.flags.aligned, f"_core.{name} got a misaligned array"
+            return fn(*args, **kwargs)
+        return call
+    for name in dir(_core):
+        fn = getattr(_core, name)
+        if callable(fn) and not name.startswith("_") and name not in ("sdpa_plain",) \
+                and not isinstance(fn, type):
+            monkeypatch.setattr(_core, name, guarded(name, fn))
+    before = fastattn.show_config(print_=False)["simd"]
+    _core.select_simd(request.param)
+    yield request.param
+    _core.select_simd(before)
+
+
+def at(a, off):
+    """A copy of `a` whose data start `off` bytes past a 64-byte boundary."""
+    a = np.asarray(a)
+    buf = np.zeros(a.nbytes + 128, np.uint8)
+    start = (-buf.ctypes.data) % 64 + off
+    out = np.frombuffer(buf.data, dtype=a.dtype, count=a.size, offset=start).reshape(a.shape)
+    out[...] = a
+    assert out.ctypes.data % 64 == off
+    return out
+
+
+def randn(rng, *shape, dtype=np.float32):
+    return rng.standard_normal(shape, dtype=np.float32).astype(dtype)
+
+
+def same(got, want):
+    for g, w in zip(got if isinstance(got, tuple) else (got,),
+                    want if isinstance(want, tuple) else (want,)):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        assert np.array_equal(g.view(np.uint32), w.view(np.uint32))
+
+
+@pytest.mark.parametrize("off", OFFSETS)
+@pytest.mark.parametrize("case", ["float-mask", "bool-mask", "causal", "decode-gqa",
+                                  "token-major", "options"])
+def test_sdpa(simd, off, case):
+    """The general path (masks), the common-case fast path, the few-rows
+    (decoding) path and strided (B, L, H, D) views."""
+    rng = np.random.default_rng(off)
+    B, H, Hkv, L, S, D = 2, 4, 4, 37, 150, 40
+    kw = {}
+    mask = None
+    if case == "decode-gqa":
+        Hkv, L, S, D = 2, 1, 300, 64
+        kw["enable_gqa"] = True
+    q, k, v = randn(rng, B, H, L, D), randn(rng, B, Hkv, S, D), randn(rng, B, Hkv, S, D)
+    if case == "float-mask":
+        mask = randn(rng, L, S)
+    elif case == "bool-mask":
+        mask = rng.random((B, 1, L, S)) < 0.7
+    elif case == "causal":
+        kw["is_causal"] = True
+    elif case == "options":
+        kw.update(softcap=5.0, alibi_slopes=np.linspace(0.1, 0.5, H).astype(np.float32),
+                  sinks=randn(rng, H))
+    want = sdpa(q, k, v, mask, return_lse=True, **kw)
+    if case == "token-major":  # (B, L, H, D) buffers at the offset, viewed as (B, H, L, D)
+        args = [at(a.swapaxes(1, 2), off).swapaxes(1, 2) for a in (q, k, v)]
+    else:
+        args = [at(a, off) for a in (q, k, v)]
+    m = None if mask is None else at(mask, off)
+    same(sdpa(*args, m, return_lse=True, **kw), want)
+    out = at(np.zeros_like(want[0]), off) if off % 4 == 0 else None
+    if out is not None:  # an element-aligned out is written in place
+        sdpa(*args, m, out=out, **kw)
+        same(out, want[0])
+
+
+@pytest.mark.parametrize("off", OFFSETS)
+@pytest.mark.parametrize("dtype", HALF, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("L", [1, 20])
+def test_sdpa_half_kv(simd, off, dtype, L):
+    """float16 / bfloat16 k and v at any address (element-aligned ones read in place)."""
+    rng = np.random.default_rng(7 + off)
+    q = randn(rng, 1, 8, L, 64)
+    k, v = randn(rng, 1, 2, 200, 64, dtype=dtype), randn(rng, 1, 2, 200, 64, dtype=dtype)
+    want = sdpa(q, k.astype(np.float32), v.astype(np.float32), enable_gqa=True)
+    same(sdpa(at(q, off), at(k, off), at(v, off), enable_gqa=True), want)
+
+
+@pytest.mark.parametrize("off", OFFSETS)
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "logsumexp"])
+def test_rowwise(simd, off, op):
+    rng = np.random.default_rng(off)
+    x = randn(rng, 5, 333) * 4
+    f = getattr(fastattn, op)
+    want = f(x)
+    same(f(at(x, off)), want)
+    same(f(at(x, off), axis=0), f(x, axis=0))
+    if off % 4 == 0:
+        out = at(np.zeros_like(want), off)
+        f(at(x, off), out=out)
+        same(out, want)
+
+
+@pytest.mark.parametrize("off", OFFSETS)
+def test_attention_weights_varlen_merge(simd, off):
+    rng = np.random.default_rng(11 + off)
+    q, k, v = randn(rng, 2, 3, 17, 24), randn(rng, 2, 3, 90, 24), randn(rng, 2, 3, 90, 24)
+    mask = randn(rng, 17, 90)
+    same(fastattn.attention_weights(at(q, off), at(k, off), at(mask, off)),
+         fastattn.attention_weights(q, k, mask))
+    # varlen: packed (T, H, D) tokens
+    cu_q, cu_k = np.array([0, 5, 17]), np.array([0, 40, 90])
+    qp, kp, vp = randn(rng, 17, 3, 24), randn(rng, 90, 3, 24), randn(rng, 90, 3, 24)
+    same(fastattn.varlen_attention(at(qp, off), at(kp, off), at(vp, off), at(cu_q, off),
+                                   at(cu_k, off), is_causal=True, return_lse=True),
+         fastattn.varlen_attention(qp, kp, vp, cu_q, cu_k, is_causal=True, return_lse=True))
+    # merge: two parts' results
+    o1, l1 = sdpa(q, k[:, :, :40], v[:, :, :40], return_lse=True)
+    o2, l2 = sdpa(q, k[:, :, 40:], v[:, :, 40:], return_lse=True)
+    outs, lses = np.stack([o1, o2]), np.stack([l1, l2])
+    same(fastattn.merge_attention(at(outs, off), at(lses, off)),
+         fastattn.merge_attention(outs, lses))
+
+
+@pytest.mark.parametrize("off", OFFSETS)
+@pytest.mark.parametrize("block_size", [8, 64])
+def test_kvcache_paged(simd, off, block_size):
+    """flash_attn_with_kvcache on a paged cache (block size 64: the kernel reads
+    the pages in place) and new keys at any address."""
+    rng = np.random.default_rng(13 + off)
+    nb = 256 // block_size
+    kc, vc = randn(rng, 2 * nb, block_size, 2, 32), randn(rng, 2 * nb, block_size, 2, 32)
+    q, k, v = randn(rng, 2, 1, 4, 32), randn(rng, 2, 1, 2, 32), randn(rng, 2, 1, 2, 32)
+    table = np.arange(2 * nb).reshape(2, nb)[:, ::-1].astype(np.int32)
+    kw = dict(cache_seqlens=200, block_table=table, causal=True, return_softmax_lse=True)
+    kc1, vc1 = kc.copy(), vc.copy()
+    want = flash_attn_with_kvcache(q, kc1, vc1, k, v, **kw)
+    kc2, vc2 = at(kc, off), at(vc, off)
+    got = flash_attn_with_kvcache(at(q, off), kc2, vc2, at(k, off), at(v, off), **kw)
+    same(got, want)
+    assert np.array_equal(kc2, kc1) and np.array_equal(vc2, vc1)
+
+
+@pytest.mark.parametrize("call", ["softmax", "sdpa", "varlen", "merge", "flash_attn"])
+def test_misaligned_out_is_an_error(call):
+    """A float32 `out` at an address that is not a multiple of 4 is refused
+    (ValueError, nothing written) rather than written through a misaligned
+    pointer; an element-aligned one at any other address is written in place."""
+    rng = np.random.default_rng(3)
+    q, k, v = randn(rng, 1, 2, 5, 8), randn(rng, 1, 2, 9, 8), randn(rng, 1, 2, 9, 8)
+    run = {"softmax": lambda o: fastattn.softmax(k, out=o),
+           "sdpa": lambda o: sdpa(q, k, v, out=o),
+           "varlen": lambda o: fastattn.varlen_attention(q[0].swapaxes(0, 1), k[0].swapaxes(0, 1),
+                                                         v[0].swapaxes(0, 1), [0, 2, 5],
+                                                         [0, 4, 9], out=o),
+           "merge": lambda o: fastattn.merge_attention(np.stack([q, q]), np.zeros((2, 1, 2, 5),
+                                                                                 np.float32), out=o),
+           "flash_attn": lambda o: fastattn.flash_attn.flash_attn_func(
+               q.swapaxes(1, 2), k.swapaxes(1, 2), v.swapaxes(1, 2), out=o)}[call]
+    want = run(None)
+    want = want[0] if isinstance(want, tuple) else want  # merge: (out, lse)
+    bad = at(np.zeros_like(want), 2)
+    with pytest.raises(ValueError, match="out must be aligned"):
+        run(bad)
+    assert not bad.any()
+    good = at(np.zeros_like(want), 4)
+    run(good)
+    same(good, want)
