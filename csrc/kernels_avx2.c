@@ -296,9 +296,14 @@ static FA_ALWAYS_INLINE FA_TARGET void pack_kt_dt_avx2(const void *k, int dt, in
     /* a full tile: the next tile's rows are fetched ahead (rows far apart,
      * e.g. a (T, H, D) layout, are not streamed by the hardware prefetchers) */
     const int64_t ahead = nk == FA_BK && rs != D ? FA_BK * rs * esz : 0;
+    int64_t d0 = 0; /* elements of the keys from jb on done by a band of sixteen */
     for (jb = 0; jb < ncol; jb += 8) {
         if (jb + 8 <= nk) {
-            for (d = 0; d + 8 <= D; d += 8) {
+#ifdef FA_HAVE_KT_BAND16 /* (a variant that includes this file may bring it) */
+            if ((jb & 15) == 0)
+                d0 = jb + 16 <= nk ? kt_band16_avx512(base, dt, rs, esz, jb, D, ahead, kt) : 0;
+#endif
+            for (d = d0; d + 8 <= D; d += 8) {
                 __m256 r[8];
                 if (ahead && ((d * esz) & 63) == 0)
                     for (i = 0; i < 8; i++)

@@ -373,6 +373,83 @@ static FA_ALWAYS_INLINE FA_TARGET void transpose_halves_avx512(__m512 z[8])
     z[7] = _mm512_shuffle_f32x4(u3, u7, 0xDD);
 }
 
+/* Eight elements of key row a and eight of key row b (dtype dt) as float32:
+ * (a | b), converted as cvt16_avx512 converts. */
+static FA_ALWAYS_INLINE FA_TARGET __m512 load8x2_avx512(const char *a, const char *b, int dt)
+{
+    if (dt == FA_DTYPE_F32)
+        return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps((const float *)a)),
+                                  _mm256_loadu_ps((const float *)b), 1);
+    return cvt16_avx512(_mm256_inserti128_si256(
+                            _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a)),
+                            _mm_loadu_si128((const __m128i *)b), 1),
+                        dt);
+}
+
+/* pack_kt's band of sixteen keys (kernels_avx2.c's pack_kt_dt_avx2): kt[d *
+ * FA_BK + jb + l] = element d of key row jb + l (rows rs elements of esz bytes
+ * from base) for l < 16 and d < D rounded down to 8, eight elements of the
+ * sixteen keys a step, transposed as two 8 x 8 halves of eight zmm registers
+ * (24 shuffles for 128 elements; the AVX2 code's 8 x 8 transposes take 48);
+ * rows `ahead` bytes on fetched ahead (0: none). Returns the elements done.
+ * transpose_halves_avx512 puts its input key FA_PERM16[l] in lane l, and
+ * FA_PERM16 is its own inverse: register i is loaded with keys (f, f + 4), f
+ * = FA_PERM16[i] (i < 4: i; else i + 4), so that lane l holds key jb + l. */
+#define FA_HAVE_KT_BAND16 1
+static FA_ALWAYS_INLINE FA_TARGET int64_t kt_band16_avx512(const char *base, int dt, int64_t rs,
+                                                          int64_t esz, int64_t jb, int64_t D,
+                                                          int64_t ahead, float *kt)
+{
+    const char *ra[8], *rb[8];
+    int64_t d;
+    int i;
+    for (i = 0; i < 8; i++) {
+        ra[i] = base + (jb + FA_PERM16[i]) * rs * esz;
+        rb[i] = ra[i] + 4 * rs * esz;
+    }
+    for (d = 0; d + 8 <= D; d += 8) {
+        __m512 z[8];
+        if (ahead && ((d * esz) & 63) == 0)
+            for (i = 0; i < 8; i++) {
+                fa_prefetch(ra[i] + d * esz, ahead);
+                fa_prefetch(rb[i] + d * esz, ahead);
+            }
+        for (i = 0; i < 8; i++)
+            z[i] = load8x2_avx512(ra[i] + d * esz, rb[i] + d * esz, dt);
+        transpose_halves_avx512(z);
+        for (i = 0; i < 8; i++)
+            _mm512_storeu_ps(kt + (d + i) * FA_BK + jb, z[i]);
+    }
+    return d;
+}
+
+/* pack_rows's block of FA_MR = 12 query rows d by d (kernels.inc):
+ * dst[d * 12 + i] = rows[i][d] for i < n and d < D, 0 for n <= i < 12, eight
+ * elements of the rows a step transposed as kt_band16_avx512 transposes keys
+ * (rows 12-15 of its sixteen are zeros, and their lanes are not stored). */
+#define FA_HAVE_PACK_BLOCK 1
+static FA_TARGET void pack_block_avx512(const float *const *rows, int n, int64_t D, float *dst)
+{
+    const __m256 zero = _mm256_setzero_ps();
+    int64_t d;
+    int i;
+    for (d = 0; d + 8 <= D; d += 8) {
+        __m512 z[8];
+        for (i = 0; i < 8; i++) {
+            const int f = FA_PERM16[i];
+            z[i] = _mm512_insertf32x8(
+                _mm512_castps256_ps512(f < n ? _mm256_loadu_ps(rows[f] + d) : zero),
+                f + 4 < n ? _mm256_loadu_ps(rows[f + 4] + d) : zero, 1);
+        }
+        transpose_halves_avx512(z);
+        for (i = 0; i < 8; i++)
+            _mm512_mask_storeu_ps(dst + (d + i) * FA_MR, 0x0FFF, z[i]);
+    }
+    for (; d < D; d++)
+        for (i = 0; i < FA_MR; i++)
+            dst[d * FA_MR + i] = i < n ? rows[i][d] : 0.0f;
+}
+
 /* Eight elements at p of dtype dt (float32 or float16) as float32. */
 static FA_ALWAYS_INLINE FA_TARGET __m256 load8_f_avx512(const char *p, int dt)
 {
