@@ -129,6 +129,24 @@ def test_set_worker_threads(client):
         fdask.FastattnThreads(0)
 
 
+def test_threads_plugin_leaves_the_clients_setting():
+    # the plugin checks n in the client but sets nothing there: the setting
+    # is for the workers
+    fastattn.set_num_threads(3)
+    try:
+        assert fdask.FastattnThreads(2).n == 2
+        assert fastattn.get_num_threads() == 3
+        with pytest.raises(ValueError, match="4096"):
+            fdask.FastattnThreads(0)
+        with pytest.raises(TypeError, match="None"):
+            fdask.FastattnThreads(None)
+        with pytest.raises(TypeError, match="float"):
+            fdask.FastattnThreads(2.0)
+        assert fastattn.get_num_threads() == 3
+    finally:
+        fastattn.set_num_threads(None)
+
+
 @pytest.mark.parametrize("n", [4, 8])
 def test_causal_graph_is_about_half(rng, n):
     L = S = 8 * n

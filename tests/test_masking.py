@@ -2,6 +2,8 @@
 bottom-right alignment, fully masked rows, and masked keys never being read
 (decisions D2-D4, D6, D7)."""
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -339,3 +341,21 @@ def test_bool_mask_false_runs_at_both_ends_over_many_tiles(rng, S):
         alone = sdpa(q[2:, :, 5:6], k[2:], v[2:], m[2:, :, 5:6] if m.shape[2] > 1 else m[2:])
         assert_same_bits(alone, clean[0][2:, :, 5:6])
     assert (clean[0][0, 0, 3] == 0).all()
+
+
+# --------------------------------------------- float masks beyond float32
+
+@pytest.mark.parametrize("fn", [sdpa, weights])
+def test_float64_mask_beyond_float32_masks_without_a_warning(rng, fn):
+    # -1e300 (float64) is -inf in float32: the same result as a -inf mask,
+    # and no RuntimeWarning from the conversion
+    q, k, v = qkv(rng, (2, 4, 8), (2, 6, 8), (2, 6, 8))
+    mask = np.zeros((4, 6))
+    mask[:, 1::2] = -1e300
+    mask[2, :] = -np.finfo(np.float64).max  # a row with no allowed key
+    args = (q, k, v) if fn is sdpa else (q, k)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = fn(*args, attn_mask=mask)
+    want = fn(*args, attn_mask=np.where(mask < -1e38, -np.inf, 0.0).astype(np.float32))
+    assert_same_bits(got, want)

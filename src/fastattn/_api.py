@@ -113,14 +113,18 @@ def set_num_threads(n: Optional[int]) -> None:
     >>> fastattn.set_num_threads(None)
     """
     global _num_threads
+    _num_threads = _checked_num_threads(n)
+
+
+def _checked_num_threads(n: Optional[int]) -> Optional[int]:
+    """n as set_num_threads takes it (an int or None), or its TypeError / ValueError."""
     if n is None:
-        _num_threads = None
-        return
+        return None
     if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)):
         raise TypeError(f"n must be an int >= 1 or None, got {type(n).__name__}")
     if not 1 <= n <= _MAX_THREADS:
         raise ValueError(f"n must be an int in [1, {_MAX_THREADS}] or None, got {n}")
-    _num_threads = int(n)
+    return int(n)
 
 
 def get_num_threads() -> int:
@@ -646,8 +650,11 @@ def scaled_dot_product_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike,
         ``swapaxes(-3, -2)`` is not copied. Others are copied once.
     attn_mask : array_like of bool or real floating dtype, optional
         Broadcastable to (..., L, S). Bool: True = may attend. Float: added
-        to the scores (-inf masks). Read in place, with zero strides where
-        broadcast: never expanded per batch or head.
+        to the scores (-inf masks); float16 and float64 are converted to
+        float32, values beyond its range becoming -inf or +inf as a cast
+        makes them (a float64 mask of -1e300 masks), without a warning.
+        Read in place, with zero strides where broadcast: never expanded
+        per batch or head.
     is_causal : bool, default False
         Allow key ``j`` only when ``j <= p_i`` (bottom-right aligned).
     window : (int or None, int or None), optional

@@ -113,6 +113,16 @@ def aligned(arr: np.ndarray) -> np.ndarray:
     return arr if arr.flags.aligned else np.array(arr, order="C")
 
 
+def to_float32(arr, order="C"):
+    """arr (a real floating array of terms added to the scores: a float mask,
+    ALiBi slopes, sinks) as float32, no copy when it is one already. Values
+    beyond float32's range become +-inf, as the cast makes them, with no
+    RuntimeWarning: a float64 mask of -1e300 is a -inf to the kernels. (Data
+    q, k, v, x keep NumPy's warning: there an overflow means NaN results.)"""
+    with np.errstate(over="ignore"):
+        return np.asarray(arr, dtype=np.float32, order=order)
+
+
 def as_float32(x, name):
     """`x` as an aligned C-contiguous float32 array; no copy when it already is one.
 
@@ -273,8 +283,7 @@ def per_head(value: Any, name: str, head_shape: Sequence[int], batch: Sequence[i
         raise ValueError(f"{name} of shape {arr.shape} does not broadcast to {target} = "
                          f"{head_shape} (one value per query head, e.g. shape "
                          f"{head_shape[-1:]} or {head_shape})")
-    with np.errstate(over="ignore"):
-        arr32 = arr.astype(np.float32)
+    arr32 = to_float32(arr, order="K")
     if finite and not np.isfinite(arr32).all():
         bad = arr[~np.isfinite(arr32)].reshape(-1)[0]
         raise ValueError(f"{name} must be finite (in float32), got {float(bad)!r}")
@@ -484,7 +493,7 @@ def attention_inputs(q: Any, k: Any, v: Any, attn_mask: Any, is_causal: Any, win
         if mask.dtype == np.bool_:
             mask = aligned(np.ascontiguousarray(mask))
         else:
-            mask = aligned(np.ascontiguousarray(mask, dtype=np.float32))
+            mask = aligned(np.ascontiguousarray(to_float32(mask, order="K")))
         target = batch + (L, S)
         try:
             ok = np.broadcast_shapes(mask.shape, target) == target

@@ -34,7 +34,8 @@ except ImportError as exc:  # pragma: no cover - the optional extra is missing
     raise ImportError('fastattn.dask needs Dask: pip install "fastattn[dask]"') from exc
 
 import fastattn
-from fastattn._validate import as_bool, check_scale, check_softcap, check_window
+from fastattn import _api
+from fastattn._validate import as_bool, check_scale, check_softcap, check_window, to_float32
 
 __all__ = ["scaled_dot_product_attention", "set_worker_threads", "FastattnThreads"]
 
@@ -52,7 +53,15 @@ class FastattnThreads(WorkerPlugin):
     ----------
     n : int
         OpenMP threads for fastattn's kernels in each worker process (see
-        :func:`fastattn.set_num_threads`).
+        :func:`fastattn.set_num_threads`). Checked when the plugin is made;
+        the calling process's own setting is left as it is.
+
+    Raises
+    ------
+    TypeError
+        If `n` is not an int.
+    ValueError
+        If `n` is not in [1, 4096].
 
     Examples
     --------
@@ -65,9 +74,12 @@ class FastattnThreads(WorkerPlugin):
     idempotent = False
 
     def __init__(self, n):
-        fastattn.set_num_threads(n)  # checks n here, in the client, and undoes it:
-        fastattn.set_num_threads(None)  # the setting is for the workers
-        self.n = int(n)
+        # n is checked here, in the client (set_num_threads's errors), and the
+        # client's own setting is left as it is: the setting is for the workers
+        checked = _api._checked_num_threads(n)
+        if checked is None:
+            raise TypeError("n must be an int >= 1, got None")
+        self.n = checked
 
     def setup(self, worker):
         fastattn.set_num_threads(self.n)
@@ -239,7 +251,7 @@ def _alibi_bias(slopes, rows, cols, shift):
     """-slope * |p_i - j| for the rows and keys of a block, p_i - j = r - c + shift
     (r, c local): ALiBi as a float mask, for a block whose own alignment is not
     the global one."""
-    slopes = np.asarray(slopes, np.float32)
+    slopes = to_float32(slopes)
     if not np.isfinite(slopes).all():
         bad = slopes[~np.isfinite(slopes)].reshape(-1)[0]
         raise ValueError(f"alibi_slopes must be finite (in float32), got {float(bad)!r}")
