@@ -450,12 +450,119 @@ static FA_TARGET void pack_block_avx512(const float *const *rows, int n, int64_t
             dst[d * FA_MR + i] = i < n ? rows[i][d] : 0.0f;
 }
 
-/* Eight elements at p of dtype dt (float32 or float16) as float32. */
-static FA_ALWAYS_INLINE FA_TARGET __m256 load8_f_avx512(const char *p, int dt)
+/* h[i] = (row i | row i + 8), eight 16-bit elements each -> h[e] = element e
+ * of rows 0-7 | element e of rows 8-15 (an 8 x 8 transpose in each 128-bit
+ * half: 24 in-lane shuffles). */
+static FA_ALWAYS_INLINE FA_TARGET void transpose8_epi16_avx512(__m256i h[8])
 {
-    if (dt == FA_DTYPE_F16)
-        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-    return _mm256_loadu_ps((const float *)p);
+    const __m256i t0 = _mm256_unpacklo_epi16(h[0], h[1]), t1 = _mm256_unpackhi_epi16(h[0], h[1]);
+    const __m256i t2 = _mm256_unpacklo_epi16(h[2], h[3]), t3 = _mm256_unpackhi_epi16(h[2], h[3]);
+    const __m256i t4 = _mm256_unpacklo_epi16(h[4], h[5]), t5 = _mm256_unpackhi_epi16(h[4], h[5]);
+    const __m256i t6 = _mm256_unpacklo_epi16(h[6], h[7]), t7 = _mm256_unpackhi_epi16(h[6], h[7]);
+    const __m256i u0 = _mm256_unpacklo_epi32(t0, t2), u1 = _mm256_unpackhi_epi32(t0, t2);
+    const __m256i u2 = _mm256_unpacklo_epi32(t1, t3), u3 = _mm256_unpackhi_epi32(t1, t3);
+    const __m256i u4 = _mm256_unpacklo_epi32(t4, t6), u5 = _mm256_unpackhi_epi32(t4, t6);
+    const __m256i u6 = _mm256_unpacklo_epi32(t5, t7), u7 = _mm256_unpackhi_epi32(t5, t7);
+    h[0] = _mm256_unpacklo_epi64(u0, u4);
+    h[1] = _mm256_unpackhi_epi64(u0, u4);
+    h[2] = _mm256_unpacklo_epi64(u1, u5);
+    h[3] = _mm256_unpackhi_epi64(u1, u5);
+    h[4] = _mm256_unpacklo_epi64(u2, u6);
+    h[5] = _mm256_unpackhi_epi64(u2, u6);
+    h[6] = _mm256_unpacklo_epi64(u3, u7);
+    h[7] = _mm256_unpackhi_epi64(u3, u7);
+}
+
+/* One block of sixteen keys (few_scores_n_avx512): key i's row at kr[i]
+ * when kr is given (a block that runs past the tile's last key), else at kb +
+ * i rse (kr NULL in the inlined copy for whole blocks: the addresses are then
+ * a base and a stride in registers, where sixteen pointers would not fit
+ * beside the accumulators). Scores into s[r * FA_BK + 0 .. 15]. */
+static FA_ALWAYS_INLINE FA_TARGET void few_block_avx512(const float *q, const int nr,
+                                                        const char *kb, int64_t rse,
+                                                        const char *const *kr, const int dt,
+                                                        int64_t D, int64_t ahead, int contig,
+                                                        float *s)
+{
+#define FA_KEY(i) (kr ? kr[i] : kb + (int64_t)(i) * rse)
+    const int64_t esz = (int64_t)fa_dtype_size(dt);
+    /* elements of each key a step: 32 bytes of a row */
+    const int64_t step = dt == FA_DTYPE_BF16 ? 16 : 8;
+    __m512 acc[FA_FEW_ROWS];
+    int64_t d;
+    int r, i;
+    for (r = 0; r < nr; r++)
+        acc[r] = _mm512_setzero_ps();
+    for (d = 0; d + step <= D; d += step) {
+        __m512 z[8];
+        if (ahead && ((d * esz) & 63) == 0) {
+            if (contig && !kr) /* the block's rows are one run: fetched in line order */
+                for (i = 0; i < 16; i++)
+                    fa_prefetch_rows(kb + ahead + d * esz * 16 + 64 * i, 0, 1);
+            else
+                for (i = 0; i < 16; i++)
+                    fa_prefetch_rows(FA_KEY(i), ahead + d * esz, contig);
+        }
+        if (dt == FA_DTYPE_BF16) {
+            const __m512i hi16 = _mm512_set1_epi32((int)0xFFFF0000u);
+            __m512 o[8];
+            for (i = 0; i < 8; i++) {
+                const __m512i x = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(FA_KEY(i) + d * 2))),
+                    _mm256_loadu_si256((const __m256i *)(FA_KEY(i + 8) + d * 2)), 1);
+                z[i] = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));  /* elements 2e */
+                o[i] = _mm512_castsi512_ps(_mm512_and_si512(x, hi16)); /* elements 2e + 1 */
+            }
+            transpose_halves_avx512(z);
+            transpose_halves_avx512(o);
+#pragma GCC unroll 8
+            for (i = 0; i < 8; i++) {
+                for (r = 0; r < nr; r++)
+                    acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r * D + d + 2 * i]), z[i], acc[r]);
+                for (r = 0; r < nr; r++)
+                    acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r * D + d + 2 * i + 1]), o[i],
+                                             acc[r]);
+            }
+        } else if (dt == FA_DTYPE_F16) {
+            /* h[i]: keys FA_PERM16[i] | FA_PERM16[i + 8], eight elements each;
+             * transposed as 16-bit elements within each 128-bit half, h[e]
+             * holds element d + e of the sixteen keys in FA_PERM16's order,
+             * converted sixteen at a time */
+            __m256i h[8];
+            for (i = 0; i < 8; i++)
+                h[i] = _mm256_inserti128_si256(
+                    _mm256_castsi128_si256(
+                        _mm_loadu_si128((const __m128i *)(FA_KEY(FA_PERM16[i]) + d * 2))),
+                    _mm_loadu_si128((const __m128i *)(FA_KEY(FA_PERM16[i + 8]) + d * 2)), 1);
+            transpose8_epi16_avx512(h);
+            for (i = 0; i < 8; i++) {
+                const __m512 zi = _mm512_cvtph_ps(h[i]);
+                for (r = 0; r < nr; r++)
+                    acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r * D + d + i]), zi, acc[r]);
+            }
+        } else {
+            for (i = 0; i < 8; i++)
+                z[i] = _mm512_insertf32x8(
+                    _mm512_castps256_ps512(_mm256_loadu_ps((const float *)(FA_KEY(i) + d * 4))),
+                    _mm256_loadu_ps((const float *)(FA_KEY(i + 8) + d * 4)), 1);
+            transpose_halves_avx512(z);
+            for (i = 0; i < 8; i++)
+                for (r = 0; r < nr; r++)
+                    acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r * D + d + i]), z[i], acc[r]);
+        }
+    }
+    for (; d < D; d++) { /* the last D mod step elements: the keys in FA_PERM16's order */
+        float c[16];
+        __m512 cv;
+        for (i = 0; i < 16; i++)
+            c[i] = fa_load_elem(FA_KEY(FA_PERM16[i]), d, dt);
+        cv = _mm512_loadu_ps(c);
+        for (r = 0; r < nr; r++)
+            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r * D + d]), cv, acc[r]);
+    }
+    for (r = 0; r < nr; r++) /* (the sixteen columns lie in the row: nk <= FA_BK) */
+        _mm512_storeu_ps(s + r * FA_BK, _mm512_shuffle_f32x4(acc[r], acc[r], 0xD8));
+#undef FA_KEY
 }
 
 static FA_ALWAYS_INLINE FA_TARGET void few_scores_n_avx512(const float *q, const int nr,
@@ -463,68 +570,20 @@ static FA_ALWAYS_INLINE FA_TARGET void few_scores_n_avx512(const float *q, const
                                                            int64_t rs, int64_t D, int64_t nk,
                                                            float *s)
 {
-    const int64_t esz = (int64_t)fa_dtype_size(dt);
+    const int64_t esz = (int64_t)fa_dtype_size(dt), rse = rs * esz;
     /* a full tile: the rows of the tile that follows are fetched ahead */
     const int64_t ahead = fa_ahead(nk, rs, D, esz);
     const int contig = rs == D;
-    /* elements of each key a step: 32 bytes of a row */
-    const int64_t step = dt == FA_DTYPE_BF16 ? 16 : 8;
-    int64_t jb, d;
-    int r, i;
-    for (jb = 0; jb < nk; jb += 16) {
+    int64_t jb;
+    int i;
+    for (jb = 0; jb + 16 <= nk; jb += 16)
+        few_block_avx512(q, nr, (const char *)k + jb * rse, rse, NULL, dt, D, ahead, contig,
+                         s + jb);
+    if (jb < nk) {
         const char *kr[16];
-        __m512 acc[FA_FEW_ROWS];
         for (i = 0; i < 16; i++) /* keys past nk: any row (their scores are masked) */
-            kr[i] = (const char *)k + (jb + i < nk ? jb + i : nk - 1) * rs * esz;
-        for (r = 0; r < nr; r++)
-            acc[r] = _mm512_setzero_ps();
-        for (d = 0; d + step <= D; d += step) {
-            __m512 z[8];
-            if (ahead && ((d * esz) & 63) == 0)
-                for (i = 0; i < 16; i++)
-                    fa_prefetch_rows(kr[i], ahead + d * esz, contig);
-            if (dt == FA_DTYPE_BF16) {
-                const __m512i hi16 = _mm512_set1_epi32((int)0xFFFF0000u);
-                __m512 o[8];
-                for (i = 0; i < 8; i++) {
-                    const __m512i x = _mm512_inserti64x4(
-                        _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(kr[i] + d * 2))),
-                        _mm256_loadu_si256((const __m256i *)(kr[i + 8] + d * 2)), 1);
-                    z[i] = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));  /* elements 2e */
-                    o[i] = _mm512_castsi512_ps(_mm512_and_si512(x, hi16)); /* elements 2e + 1 */
-                }
-                transpose_halves_avx512(z);
-                transpose_halves_avx512(o);
-#pragma GCC unroll 8
-                for (i = 0; i < 8; i++) {
-                    for (r = 0; r < nr; r++)
-                        acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r * D + d + 2 * i]), z[i], acc[r]);
-                    for (r = 0; r < nr; r++)
-                        acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r * D + d + 2 * i + 1]), o[i],
-                                                 acc[r]);
-                }
-            } else {
-                for (i = 0; i < 8; i++)
-                    z[i] = _mm512_insertf32x8(
-                        _mm512_castps256_ps512(load8_f_avx512(kr[i] + d * esz, dt)),
-                        load8_f_avx512(kr[i + 8] + d * esz, dt), 1);
-                transpose_halves_avx512(z);
-                for (i = 0; i < 8; i++)
-                    for (r = 0; r < nr; r++)
-                        acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r * D + d + i]), z[i], acc[r]);
-            }
-        }
-        for (; d < D; d++) { /* the last D mod step elements: the keys in FA_PERM16's order */
-            float c[16];
-            __m512 cv;
-            for (i = 0; i < 16; i++)
-                c[i] = fa_load_elem(kr[FA_PERM16[i]], d, dt);
-            cv = _mm512_loadu_ps(c);
-            for (r = 0; r < nr; r++)
-                acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r * D + d]), cv, acc[r]);
-        }
-        for (r = 0; r < nr; r++) /* (nk <= FA_BK: the sixteen columns lie in the row) */
-            _mm512_storeu_ps(s + r * FA_BK + jb, _mm512_shuffle_f32x4(acc[r], acc[r], 0xD8));
+            kr[i] = (const char *)k + (jb + i < nk ? jb + i : nk - 1) * rse;
+        few_block_avx512(q, nr, NULL, rse, kr, dt, D, ahead, contig, s + jb);
     }
 }
 
