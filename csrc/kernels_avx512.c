@@ -260,6 +260,12 @@ static FA_ALWAYS_INLINE FA_TARGET void few_pv_block_avx512(const float *p, const
                                                            int64_t ahead, float *tile)
 {
     const int64_t esz = (int64_t)fa_dtype_size(dt);
+    /* bfloat16, 64 columns: a 32-bit lane of a 64-byte load holds two
+     * elements, the even column its low half (shifted up), the odd one its
+     * high half (the low bits cleared): vx[2 h] holds columns c + 32 h + 2 l,
+     * vx[2 h + 1] columns c + 32 h + 2 l + 1 in lane l, put back in order at
+     * the store (each column's sum is the same) */
+    const int split = dt == FA_DTYPE_BF16 && W == 4;
     __m512 acc[6][4];
     int64_t jj, b;
     int r, x;
@@ -269,8 +275,17 @@ static FA_ALWAYS_INLINE FA_TARGET void few_pv_block_avx512(const float *p, const
     for (jj = 0; jj < nk; jj++) {
         const char *vr = (const char *)v + (jj * ld + c) * esz;
         __m512 vx[4];
-        for (x = 0; x < W; x++)
-            vx[x] = load16_avx512(vr + 16 * x * esz, dt);
+        if (split) {
+            const __m512i hi16 = _mm512_set1_epi32((int)0xFFFF0000u);
+            for (x = 0; x < 2; x++) {
+                const __m512i h = _mm512_loadu_si512((const void *)(vr + 64 * x));
+                vx[2 * x] = _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
+                vx[2 * x + 1] = _mm512_castsi512_ps(_mm512_and_si512(h, hi16));
+            }
+        } else {
+            for (x = 0; x < W; x++)
+                vx[x] = load16_avx512(vr + 16 * x * esz, dt);
+        }
         if (ahead)
             for (b = 0; b < 16 * W * esz; b += 64)
                 fa_prefetch_rows(vr, ahead + b, ld == Dvp);
@@ -279,6 +294,19 @@ static FA_ALWAYS_INLINE FA_TARGET void few_pv_block_avx512(const float *p, const
             for (x = 0; x < W; x++)
                 acc[r][x] = _mm512_fmadd_ps(pr, vx[x], acc[r][x]);
         }
+    }
+    if (split) {
+        const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+        const __m512i hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30,
+                                             15, 31);
+        for (r = 0; r < nr; r++)
+            for (x = 0; x < 2; x++) {
+                float *t = tile + r * Dvp + c + 32 * x;
+                _mm512_storeu_ps(t, _mm512_permutex2var_ps(acc[r][2 * x], lo, acc[r][2 * x + 1]));
+                _mm512_storeu_ps(t + 16,
+                                 _mm512_permutex2var_ps(acc[r][2 * x], hi, acc[r][2 * x + 1]));
+            }
+        return;
     }
     for (r = 0; r < nr; r++)
         for (x = 0; x < W; x++)
