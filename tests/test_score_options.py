@@ -332,6 +332,40 @@ def test_segment_ids_forms_and_dtypes(rng):
                  ref.scaled_dot_product_attention(q, k, v, segment_ids=neg))
 
 
+@pytest.mark.parametrize("q_shape,kv_shape", [
+    ((9,), (11,)), ((1, 9), (1, 11)), ((3, 9), (11,)), ((2, 1, 9), (2, 3, 11)),
+    ((2, 3, 9), (1, 1, 11)), ((1, 3, 9), (2, 1, 11))])
+def test_segment_ids_of_every_broadcasting_shape_match_the_reference(rng, q_shape, kv_shape):
+    # ids broadcast to (..., L) and (..., S) by NumPy's rules, each side on its own
+    q, k, v = qkv(rng, (2, 3, 9, 5), (2, 3, 11, 5), (2, 3, 11, 4))
+    q_ids = rng.integers(0, 3, q_shape)
+    kv_ids = np.sort(rng.integers(0, 3, kv_shape), axis=-1)  # non-decreasing: bisection
+    for ids in [(q_ids, kv_ids), (q_ids, kv_ids[..., ::-1])]:  # and key by key
+        for causal in (False, True):
+            o, lse = fastattn.scaled_dot_product_attention(
+                q, k, v, segment_ids=ids, is_causal=causal, return_lse=True)
+            ro, rlse = ref.scaled_dot_product_attention(
+                q, k, v, segment_ids=ids, is_causal=causal, return_lse=True)
+            assert_close(o, ro)
+            assert_close(lse, rlse)
+            # the same as the ids broadcast out in full
+            full = (np.broadcast_to(ids[0], (2, 3, 9)), np.broadcast_to(ids[1], (2, 3, 11)))
+            assert_same_bits(o, fastattn.scaled_dot_product_attention(
+                q, k, v, segment_ids=full, is_causal=causal))
+
+
+def test_per_item_segment_ids_without_a_head_axis_are_refused_with_the_fix(rng):
+    # (B, L) ids for q (B, H, L, D) align with (H, L) from the right (NumPy's rule):
+    # refused, and the message shows the (B, 1, L) form that means "every head"
+    q, k, v = qkv(rng, (2, 3, 8, 4), (2, 3, 8, 4), (2, 3, 8, 4))
+    ids = np.repeat([[0, 1], [1, 2]], 4, axis=1)  # (2, 8)
+    with pytest.raises(ValueError, match=r"segment_ids of shape \(2, 8\) does not broadcast to "
+                       r"\(2, 3, 8\) .*ids\[:, None, :\] of shape \(2, 1, 8\)"):
+        fastattn.scaled_dot_product_attention(q, k, v, segment_ids=ids)
+    assert_close(fastattn.scaled_dot_product_attention(q, k, v, segment_ids=ids[:, None, :]),
+                 ref.scaled_dot_product_attention(q, k, v, segment_ids=ids[:, None, :]))
+
+
 # ------------------------------------------------- threads and batches
 
 
@@ -548,3 +582,32 @@ def test_softcap_both_tanh_forms_match_the_reference(simd, cap):
         ro, rl = ref.scaled_dot_product_attention(q, k, v, return_lse=True, **kw)
         assert_close(o, ro, **tol(kw, 150, 170))
         assert_close(lse, rl, **tol(kw, 150, 170))
+
+
+# ------------------------------------------------- the diagonal tile
+
+
+@pytest.mark.parametrize("window", [None, (30, 0), (200, 5)])
+@pytest.mark.parametrize("nonfinite", [False, True])
+def test_causal_rows_of_the_diagonal_tile_have_the_bits_of_each_row_alone(rng, simd, window,
+                                                                          nonfinite):
+    # Each block of micro-kernel rows stops at the last key its rows may see in
+    # a key tile; a row alone (the few-rows path) reads the whole tile: the
+    # same bits, also when a value row the block leaves out holds inf or NaN.
+    L, D, Dv = 150, 24, 20
+    q, k, v = qkv(rng, (2, L, D), (2, L, D), (2, L, Dv))
+    if nonfinite:
+        v[:, 71] = np.inf
+        v[1, 100, 3] = np.nan
+    o, lse = fastattn.scaled_dot_product_attention(q, k, v, is_causal=True, window=window,
+                                                   softcap=20.0, return_lse=True)
+    for i in range(L):
+        oi, li = fastattn.scaled_dot_product_attention(
+            q[:, i:i + 1], k[:, :i + 1], v[:, :i + 1], is_causal=True, window=window,
+            softcap=20.0, return_lse=True)
+        assert_same_bits(oi, o[:, i:i + 1])
+        assert_same_bits(li, lse[:, i:i + 1])
+    ro = ref.scaled_dot_product_attention(q, k, v, is_causal=True, window=window, softcap=20.0)
+    finite = np.isfinite(ro)
+    assert_close(o[finite], ro[finite])
+    assert_same_bits(np.isnan(o), np.isnan(ro))

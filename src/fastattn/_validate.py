@@ -313,7 +313,14 @@ def _ids(value: Any, name: str, target: Tuple[int, ...]) -> np.ndarray:
     except ValueError:
         ok = False
     if not ok:
-        raise ValueError(f"{name} of shape {arr.shape} does not broadcast to {target}")
+        hint = ""
+        if 2 <= arr.ndim < len(target) and arr.shape[0] == target[0]:
+            # (B, L) ids for a (B, H) batch: NumPy aligns axes from the right
+            axes = ", ".join([":"] + ["None"] * (len(target) - arr.ndim) + [":"] * (arr.ndim - 1))
+            hint = (f" (the leading axes broadcast from the right, as in NumPy: ids of one "
+                    f"batch item for all its heads need the head axis, e.g. ids[{axes}] of "
+                    f"shape {arr.shape[:1] + (1,) * (len(target) - arr.ndim) + arr.shape[1:]})")
+        raise ValueError(f"{name} of shape {arr.shape} does not broadcast to {target}{hint}")
     arr = compact_broadcast(arr)
     if arr.dtype == np.uint64:  # reinterpreted: equal ids stay equal, different ones differ
         return aligned(np.ascontiguousarray(arr)).view(np.int64)
