@@ -359,3 +359,14 @@ def test_float64_mask_beyond_float32_masks_without_a_warning(rng, fn):
         got = fn(*args, attn_mask=mask)
     want = fn(*args, attn_mask=np.where(mask < -1e38, -np.inf, 0.0).astype(np.float32))
     assert_same_bits(got, want)
+
+
+def test_float64_data_beyond_float32_converts_without_a_warning():
+    # the one conversion casts as NumPy does (to +-inf) without its warning:
+    # a masked key of 1e300 is never read, a -1e300 entry has weight 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert fastattn.logsumexp(np.array([-1e300, 0.0])) == 0.0
+        k = np.array([[1.0, 0.0], [1e300, 0.0]])
+        o = sdpa(np.ones((1, 2)), k, np.ones((2, 2)), np.array([True, False]))
+    np.testing.assert_array_equal(o, np.ones((1, 2), np.float32))

@@ -194,3 +194,34 @@ def test_out_with_converted_input(rng):
     out = _sentinel((3, 4))
     assert fastattn.softmax(x, out=out) is out
     assert_same_bits(out, fastattn.softmax(x))
+
+
+# ------------------------------------- out overlapping the score options
+
+@pytest.mark.parametrize("mod", [fastattn, fastattn.reference], ids=["fastattn", "reference"])
+@pytest.mark.parametrize("option", ["sinks", "alibi_slopes"])
+def test_out_sharing_memory_with_a_score_option_is_an_error(rng, mod, option):
+    # a float32 per-head array of the right shape is read in place by the
+    # kernels: out over it would be written while it is read
+    q, k, v = (rng.standard_normal((4, 1, 4)).astype(np.float32) for _ in range(3))
+    out = np.zeros((4, 1, 4), np.float32)
+    values = out.reshape(-1)[:4]
+    values[:] = [0.5, 0.1, 0.2, 0.3]
+    with pytest.raises(ValueError, match=f"out must not share memory with {option}"):
+        mod.scaled_dot_product_attention(q, k, v, out=out, **{option: values})
+    want = mod.scaled_dot_product_attention(q, k, v, **{option: values.copy()})
+    got = mod.scaled_dot_product_attention(q, k, v, out=np.zeros_like(out),
+                                           **{option: values})
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("mod", [fastattn, fastattn.reference], ids=["fastattn", "reference"])
+@pytest.mark.parametrize("option", ["sinks", "alibi_slopes"])
+def test_varlen_out_sharing_memory_with_a_score_option_is_an_error(rng, mod, option):
+    q, k, v = (rng.standard_normal((5, 2, 4)).astype(np.float32) for _ in range(3))
+    cu = np.array([0, 2, 5])
+    out = np.zeros((5, 2, 4), np.float32)
+    values = out.reshape(-1)[:4].reshape(2, 2)  # (B, Hq)
+    values[:] = 0.25
+    with pytest.raises(ValueError, match=f"out must not share memory with {option}"):
+        mod.varlen_attention(q, k, v, cu, cu, out=out, **{option: values})

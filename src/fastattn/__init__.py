@@ -29,6 +29,7 @@ from fastattn._api import (  # noqa: E402
 )
 from fastattn._config import show_config  # noqa: E402
 from fastattn import flash_attn  # noqa: E402,F401  (FlashAttention's Python API)
+from fastattn import reference  # noqa: E402,F401  (the float64 NumPy twin, the tests' oracle)
 
 __version__ = "0.1.0"
 

@@ -24,6 +24,7 @@ from fastattn._validate import (
     as_float32,
     attention_inputs,
     check_out,
+    option_operands,
     check_window_size,
     merge_inputs,
     normalize_axis,
@@ -579,7 +580,8 @@ def _sdpa(q, k, v, attn_mask, is_causal, window, scale, softcap, alibi_slopes, s
     shape = a.batch + (a.L, a.Dv)
     if out is not None:
         check_out(out, shape, [("q", q), ("k", k), ("v", v), ("attn_mask", attn_mask),
-                               ("q", a.q), ("k", a.k), ("v", a.v), ("attn_mask", a.mask)])
+                               ("q", a.q), ("k", a.k), ("v", a.v), ("attn_mask", a.mask)]
+                  + option_operands(alibi_slopes, sinks, segment_ids, a))
     else:
         out = np.empty(shape, np.float32)
     return_lse = as_bool(return_lse, "return_lse")
@@ -644,7 +646,8 @@ def scaled_dot_product_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike,
         dtype float32, float16 or bfloat16 (``ml_dtypes.bfloat16``, when
         ml_dtypes is installed) are read as stored, a half-precision KV cache
         at half the memory traffic; k and v may differ in dtype. float64 is
-        converted to float32. Any q, k, v whose rows (last axis) are
+        converted to float32 (values beyond its range become -inf or +inf,
+        as a cast makes them, without a warning). Any q, k, v whose rows (last axis) are
         contiguous are read in place whatever their other strides: a
         ``(B, L, H, D)`` array viewed as ``(B, H, L, D)`` with
         ``swapaxes(-3, -2)`` is not copied. Others are copied once.
@@ -1059,7 +1062,9 @@ def varlen_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: Arr
     shape = (total_q, a.Hq, a.Dv)
     if out is not None:
         check_out(out, shape, [("q", q), ("k", k), ("v", v), ("q", a.q), ("k", a.k),
-                               ("v", a.v)])
+                               ("v", a.v), ("cu_seqlens_q", cu_seqlens_q),
+                               ("cu_seqlens_k", cu_seqlens_k)]
+                  + option_operands(alibi_slopes, sinks, a=a))
     else:
         out = np.empty(shape, np.float32)
     return_lse = as_bool(return_lse, "return_lse")

@@ -114,11 +114,11 @@ def aligned(arr: np.ndarray) -> np.ndarray:
 
 
 def to_float32(arr, order="C"):
-    """arr (a real floating array of terms added to the scores: a float mask,
-    ALiBi slopes, sinks) as float32, no copy when it is one already. Values
-    beyond float32's range become +-inf, as the cast makes them, with no
-    RuntimeWarning: a float64 mask of -1e300 is a -inf to the kernels. (Data
-    q, k, v, x keep NumPy's warning: there an overflow means NaN results.)"""
+    """arr (a real floating array) as float32, no copy when it is one already:
+    the one conversion of every float input. Values beyond float32's range
+    become +-inf, as the cast makes them, with no RuntimeWarning (a float64
+    mask of -1e300 is -inf; data that overflows follows the non-finite rules,
+    and a masked key's value is never read at all)."""
     with np.errstate(over="ignore"):
         return np.asarray(arr, dtype=np.float32, order=order)
 
@@ -129,7 +129,7 @@ def as_float32(x, name):
     Raises TypeError unless `x` converts to a real floating dtype (float16,
     bfloat16, float32, float64: converted to float32).
     """
-    return aligned(np.asarray(_real_array(x, name), dtype=np.float32, order="C"))
+    return aligned(to_float32(_real_array(x, name)))
 
 
 def rows_in_place(arr):
@@ -151,7 +151,7 @@ def as_rows(x, name, half=False):
     (any other strides), else copied once into a C-contiguous array."""
     arr = _real_array(x, name)
     if arr.dtype != np.float32 and not (half and is_half(arr.dtype)):
-        return np.asarray(arr, dtype=np.float32, order="C")
+        return to_float32(arr)
     # (np.array copies: ascontiguousarray would hand back a misaligned C-contiguous array)
     return arr if rows_in_place(arr) else np.array(arr, order="C")
 
@@ -197,6 +197,21 @@ def shares_memory(a: Any, b: Any) -> bool:
         return bool(np.shares_memory(a, b, max_work=100_000))  # type: ignore[arg-type]
     except TooHardError:
         return True
+
+
+def option_operands(alibi_slopes: Any, sinks: Any, segment_ids: Any = None,
+                    a: Any = None) -> List[Tuple[str, Any]]:
+    """(name, array) pairs of the score options' arrays that an `out=` must not
+    overlap: as the caller gave them and, from the validated inputs `a`, as the
+    kernels read them (a float32 array of the right shape is read in place)."""
+    ids = segment_ids if isinstance(segment_ids, tuple) else (segment_ids,)
+    ops = [("alibi_slopes", alibi_slopes), ("sinks", sinks)] + [("segment_ids", x) for x in ids]
+    if a is not None:
+        ops += [("alibi_slopes", a.alibi_slopes), ("sinks", a.sinks)]
+        seg = getattr(a, "segments", None)
+        if seg is not None:
+            ops += [("segment_ids", seg.q), ("segment_ids", seg.kv)]
+    return ops
 
 
 def check_out(out: Any, shape: Sequence[int], inputs: Iterable[Tuple[str, Any]]) -> None:
@@ -280,9 +295,10 @@ def per_head(value: Any, name: str, head_shape: Sequence[int], batch: Sequence[i
     except ValueError:
         ok = False
     if not ok:
+        forms = (f"{head_shape}" if len(head_shape) < 2
+                 else f"{head_shape[-1:]} or {head_shape}")
         raise ValueError(f"{name} of shape {arr.shape} does not broadcast to {target} = "
-                         f"{head_shape} (one value per query head, e.g. shape "
-                         f"{head_shape[-1:]} or {head_shape})")
+                         f"{head_shape} (one value per query head, e.g. shape {forms})")
     arr32 = to_float32(arr, order="K")
     if finite and not np.isfinite(arr32).all():
         bad = arr[~np.isfinite(arr32)].reshape(-1)[0]

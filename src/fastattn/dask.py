@@ -76,10 +76,9 @@ class FastattnThreads(WorkerPlugin):
     def __init__(self, n):
         # n is checked here, in the client (set_num_threads's errors), and the
         # client's own setting is left as it is: the setting is for the workers
-        checked = _api._checked_num_threads(n)
-        if checked is None:
-            raise TypeError("n must be an int >= 1, got None")
-        self.n = checked
+        if n is None:
+            raise TypeError("n must be an int in [1, 4096], got None")
+        self.n = int(_api._checked_num_threads(n))  # (its errors; not None here)
 
     def setup(self, worker):
         fastattn.set_num_threads(self.n)

@@ -24,6 +24,7 @@ from fastattn._validate import (
     as_float32,
     attention_inputs,
     check_out,
+    option_operands,
     check_window_size,
     merge_inputs,
     normalize_axis,
@@ -230,7 +231,8 @@ def scaled_dot_product_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike,
                          segment_ids=segment_ids)
     return_lse = as_bool(return_lse, "return_lse")
     return _attention(a, return_lse, out, [("q", q), ("k", k), ("v", v),
-                                           ("attn_mask", attn_mask)])
+                                           ("attn_mask", attn_mask)]
+                      + option_operands(alibi_slopes, sinks, segment_ids))
 
 
 def causal_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike,
@@ -305,7 +307,9 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, is_causal=False, wi
             sinks=None if a.sinks is None else a.sinks[b], enable_gqa=True, return_lse=True)
         o[rows] = np.swapaxes(ob, 0, 1)
         lse[rows] = np.swapaxes(lb, 0, 1)
-    result = _finish(o, out, [("q", q), ("k", k), ("v", v)])
+    result = _finish(o, out, [("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q),
+                              ("cu_seqlens_k", cu_seqlens_k)]
+                     + option_operands(alibi_slopes, sinks))
     return (result, lse.astype(np.float32)) if return_lse else result
 
 
