@@ -359,6 +359,32 @@ def test_generate_returns_prompt_then_new_tokens(tiny):
     assert again == out and streamed == out[len(prompt):]
 
 
+def test_generate_from_several_threads_at_once(tiny):
+    """The decoding step's buffers are per thread: concurrent generations do not mix."""
+    prompts = [[5 + i, 9, 11 + 2 * i] for i in range(4)]
+    expected = [smollm2.generate(tiny, p, 30, stop_at_eos=False, temperature=0.8, seed=i)
+                for i, p in enumerate(prompts)]
+    got = [None] * len(prompts)
+    start = threading.Barrier(len(prompts))
+
+    def run(i):
+        start.wait()
+        got[i] = smollm2.generate(tiny, prompts[i], 30, stop_at_eos=False, temperature=0.8,
+                                  seed=i)
+
+    workers = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # hand the interpreter over often: the steps interleave
+    try:
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert got == expected
+
+
 def test_generate_stops_after_eos(tiny, monkeypatch):
     """Make the end-of-sequence id the greedy choice of the second step."""
     prompt = [5, 6, 7]
