@@ -698,13 +698,12 @@ def _rope(x, cos, signed_sin, out):
     swapped = np.empty((min(_ROWS, T), heads, 2, D // 2), np.float32)
     for r in range(0, T, _ROWS):
         xr, o = x[r:r + _ROWS], out[r:r + _ROWS]
-        halves, t = xr.reshape(-1, heads, 2, D // 2), swapped[:xr.shape[0]]
-        t[:, :, 0] = halves[:, :, 1]
-        t[:, :, 1] = halves[:, :, 0]
+        n = xr.shape[0]
+        # (x2, x1) * signed_sin: the halves read in reverse order through a view
+        np.multiply(xr.reshape(n, heads, 2, D // 2)[:, :, ::-1],
+                    signed_sin[r:r + _ROWS].reshape(n, 1, 2, D // 2), out=swapped[:n])
         np.multiply(xr, cos[r:r + _ROWS], out=o)
-        t = t.reshape(xr.shape)
-        t *= signed_sin[r:r + _ROWS]
-        o += t
+        o += swapped[:n].reshape(xr.shape)
     return out
 
 
@@ -795,9 +794,11 @@ class _StepBuffers:
         self.qkv = np.empty((H + 2 * Hkv) * D, f32)
         self.qk, self.swapped = (np.empty((H + Hkv, D), f32) for _ in range(2))
         self.gate_up, self.act = np.empty(2 * F, f32), np.empty(F, f32)
-        # qk's two halves of every head, exchanged: swapped[j] = qk[j ^ D/2] in each head
-        half = np.concatenate([np.arange(D // 2, D), np.arange(D // 2)])
-        self.swap_index = (np.arange(H + Hkv)[:, None] * D + half[None, :]).ravel()
+        # RoPE's operands: the q and k heads of the projection, and the same with
+        # each head's two halves in reverse order (a view: (x2, x1))
+        self.qk_in = self.qkv[:(H + Hkv) * D].reshape(H + Hkv, D)
+        self.qk_in_swapped = self.qk_in.reshape(H + Hkv, 2, D // 2)[:, ::-1]
+        self.swapped_halves = self.swapped.reshape(H + Hkv, 2, D // 2)
         self.layer_keys = tuple(tuple(f"{i}.{name}" for name in
                                       ("attn_norm", "qkv", "o", "ffn_norm", "gate_up", "down"))
                                 for i in range(c.n_layers))
@@ -829,8 +830,8 @@ def _decode_step(model, token, cache, timer, attention, on_attention):
     from memory once per token); everything else is a few thousand floats,
     where each NumPy call costs more than its arithmetic. So this path works
     on 1-D vectors in preallocated buffers (:class:`_StepBuffers`), takes the
-    RMSNorm's sum of squares from one BLAS dot product, swaps RoPE's halves
-    with one gather, writes the new key and value straight into the cache,
+    RMSNorm's sum of squares from one BLAS dot product, reads RoPE's swapped
+    halves through a view, writes the new key and value straight into the cache,
     and hands the attention output to the next product without a copy
     (one query row: head-major is token-major). Results equal the general
     path's up to float32 rounding.
@@ -843,11 +844,11 @@ def _decode_step(model, token, cache, timer, attention, on_attention):
     cache.reserve(1)
     pos = cache.length
     cos_t, sin_t = _rope_table(c)
-    cos, signed_sin = cos_t[pos], sin_t[pos]  # (1, D): broadcast over the heads
+    cos = cos_t[pos]  # (1, D): broadcast over the heads
+    signed_sin = sin_t[pos].reshape(1, 2, D // 2)
     x, h, y, qkv, qk, swapped = b.x, b.h, b.y, b.qkv, b.qk, b.swapped
     gate, up, act = b.gate_up[:F], b.gate_up[F:], b.act
     q = qk[:H].reshape(H, 1, D)
-    qk_flat, swapped_flat = qk.reshape(-1), swapped.reshape(-1)
     matmul, clock, add = np.matmul, _clock, timer.add
     np.copyto(x, p["embed"][token])
     for i, keys in enumerate(b.layer_keys):
@@ -858,9 +859,8 @@ def _decode_step(model, token, cache, timer, attention, on_attention):
         matmul(h, w_qkv, out=qkv)
         seconds = clock() - t0
         # RoPE on the q and k heads: qkv * cos + swap_halves(qkv) * signed_sin
-        np.take(qkv, b.swap_index, out=swapped_flat)
-        np.multiply(qkv[:k_end].reshape(H + Hkv, D), cos, out=qk)
-        swapped *= signed_sin
+        np.multiply(b.qk_in_swapped, signed_sin, out=b.swapped_halves)
+        np.multiply(b.qk_in, cos, out=qk)
         qk += swapped
         k_cache, v_cache = cache.k[i], cache.v[i]
         k_cache[:, pos] = qk[H:]
