@@ -570,9 +570,7 @@ static FA_ALWAYS_INLINE FA_TARGET void few_block_avx512(const float *q, const in
             }
         } else {
             for (i = 0; i < 8; i++)
-                z[i] = _mm512_insertf32x8(
-                    _mm512_castps256_ps512(_mm256_loadu_ps((const float *)(FA_KEY(i) + d * 4))),
-                    _mm256_loadu_ps((const float *)(FA_KEY(i + 8) + d * 4)), 1);
+                z[i] = load8x2_avx512(FA_KEY(i) + d * 4, FA_KEY(i + 8) + d * 4, FA_DTYPE_F32);
             transpose_halves_avx512(z);
             for (i = 0; i < 8; i++)
                 for (r = 0; r < nr; r++)

@@ -24,10 +24,10 @@ from fastattn._validate import (
     as_float32,
     attention_inputs,
     check_out,
-    option_operands,
     check_window_size,
     merge_inputs,
     normalize_axis,
+    option_operands,
     varlen_inputs,
 )
 
