@@ -15,7 +15,7 @@ import pytest
 
 import fastattn
 from fastattn import _api, _core
-from fastattn._validate import as_bool, attention_inputs
+from fastattn._validate import as_bool, attention_inputs, check_out
 
 
 def general(q, k, v, mask=None, is_causal=False, scale=None, enable_gqa=False,
@@ -30,9 +30,9 @@ def general(q, k, v, mask=None, is_causal=False, scale=None, enable_gqa=False,
 
 
 def plain(q, k, v, mask=None, is_causal=False, scale=None, enable_gqa=False,
-          return_lse=False, window=None, nthreads=2):
+          return_lse=False, window=None, nthreads=2, out=None):
     return _core.sdpa_plain(q, k, v, mask, is_causal, window, scale, enable_gqa, return_lse,
-                            nthreads)
+                            nthreads, out)
 
 
 def f32(rng, *shape):
@@ -89,6 +89,80 @@ def test_fast_path_gives_the_general_paths_bits(rng, qs, ks, vs, ms, mdtype, opt
         np.testing.assert_array_equal(g.view(np.uint32), w.view(np.uint32))
         np.testing.assert_array_equal(p.view(np.uint32), w.view(np.uint32))
     assert isinstance(got, tuple) == bool(opts.get("return_lse"))
+
+
+@pytest.mark.parametrize("qs, ks, vs, ms, mdtype, opts", FAST_CASES)
+def test_fast_path_writes_out_with_the_same_bits(rng, qs, ks, vs, ms, mdtype, opts):
+    q, k, v = f32(rng, *qs), f32(rng, *ks), f32(rng, *vs)
+    mask = None if ms is None else (rng.random(ms) < 0.8) if mdtype is bool else f32(rng, *ms)
+    want = plain(q, k, v, mask, **opts)
+    shape = qs[:-1] + (vs[-1],)
+    for call in (plain, fastattn.scaled_dot_product_attention):
+        out = np.full(shape, np.float32(-1234.5))
+        got = call(q, k, v, mask, out=out, **opts)
+        for g, w in zip(*(x if isinstance(x, tuple) else (x,) for x in (got, want))):
+            np.testing.assert_array_equal(g.view(np.uint32), w.view(np.uint32))
+        assert (got[0] if isinstance(got, tuple) else got) is out
+
+
+def _bad_outs(q, k, v, mask, shape):
+    """(what, out) that the fast path must leave to the general path."""
+    big = np.zeros((2,) + shape, np.float32)
+    ro = np.zeros(shape, np.float32)
+    ro.flags.writeable = False
+    return [
+        ("wrong shape", np.zeros(shape[:-1] + (shape[-1] + 1,), np.float32)),
+        ("a dimension fewer", np.zeros(shape[1:], np.float32)),
+        ("float64", np.zeros(shape)),
+        ("big-endian", np.zeros(shape, ">f4")),
+        ("every other element", np.zeros(shape[:-1] + (2 * shape[-1],), np.float32)[..., ::2]),
+        ("every other batch item", big.reshape((2 * shape[0],) + shape[1:])[::2]),
+        ("Fortran order", np.zeros(shape, np.float32, order="F")),
+        ("read-only", ro),
+        ("misaligned", _misaligned(shape)),
+        ("a subclass", np.ma.masked_array(np.zeros(shape, np.float32))),
+        ("a list", np.zeros(shape, np.float32).tolist()),
+        ("q itself", q),
+        ("a view of k", k.reshape(-1)[:int(np.prod(shape))].reshape(shape)),
+        ("overlapping v", v.reshape(-1)[3:3 + int(np.prod(shape))].reshape(shape)),
+        ("the mask's bytes", mask.reshape(-1)[:int(np.prod(shape))].reshape(shape)),
+    ]
+
+
+def test_fast_path_leaves_bad_out_to_the_general_path_and_its_errors(rng):
+    shape = (2, 3, 5, 8)
+    q, k, v = f32(rng, *shape), f32(rng, 2, 3, 40, 8), f32(rng, 2, 3, 40, 8)
+    mask = f32(rng, 2, 1, 5, 40)
+    want = plain(q, k, v, mask)
+    for what, out in _bad_outs(q, k, v, mask, shape):
+        assert plain(q, k, v, mask, out=out) is None, what
+        saved = np.array(out, copy=True)
+        try:
+            check_out(out, shape, [("q", q), ("k", k), ("v", v), ("attn_mask", mask)])
+        except (TypeError, ValueError) as exc:
+            with pytest.raises(type(exc)) as got:
+                fastattn.scaled_dot_product_attention(q, k, v, mask, out=out)
+            assert str(got.value) == str(exc), what
+            np.testing.assert_array_equal(np.asarray(out), saved, err_msg=what)
+        else:  # an ndarray subclass: the general path writes it
+            assert type(out) is not np.ndarray, what
+            assert fastattn.scaled_dot_product_attention(q, k, v, mask, out=out) is out, what
+            np.testing.assert_array_equal(np.asarray(out).view(np.uint32),
+                                          want.view(np.uint32), err_msg=what)
+
+
+def test_out_between_an_inputs_rows_is_decided_by_the_general_path(rng):
+    # q's rows are every other 64-float span of buf; out fills the gap between two
+    # of them: the byte ranges overlap, the elements do not. The fast path leaves
+    # it to the general check, which finds no shared element and writes it.
+    buf = f32(rng, 4, 128)
+    q = buf[None, :2, :64]
+    out = buf[0, 64:].reshape(1, 2, 32)
+    k, v = f32(rng, 1, 7, 64), f32(rng, 1, 7, 32)
+    want = plain(q, k, v)
+    assert plain(q, k, v, out=out) is None
+    assert fastattn.scaled_dot_product_attention(q, k, v, out=out) is out
+    np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32))
 
 
 def _strided_cases(rng):

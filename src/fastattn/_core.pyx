@@ -14,7 +14,7 @@ from cpython.buffer cimport (PyBUF_FORMAT, PyBUF_STRIDES, PyBUF_WRITABLE, PyBuff
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.float cimport FLT_MAX
 from libc.math cimport fabs, isfinite, sqrt
-from libc.stdint cimport int32_t, int64_t, uint8_t, uintptr_t
+from libc.stdint cimport int32_t, int64_t, intptr_t, uint8_t, uintptr_t
 from libc.string cimport memset
 
 import numpy as np
@@ -325,8 +325,55 @@ cdef bint _window_side(object side, int64_t bound, int64_t *out):
     return 1
 
 
+cdef bint _takes_out(object out, Py_buffer *qb, Py_buffer *kb, Py_buffer *vb, Py_buffer *mb,
+                     int nd, int64_t Dv):
+    """True when sdpa_plain may write into `out` (see its docstring): the result's
+    shape q.shape[:-1] + (Dv,), C-contiguous float32, aligned, writeable, and
+    no byte in common with q, k, v or the mask (mb, NULL without one)."""
+    cdef Py_buffer ob
+    cdef int64_t ost[64]
+    cdef uintptr_t lo, hi
+    cdef int i
+    cdef bint ok
+    if not _take(out, &ob, b'f', 4, 1, ost):
+        return 0
+    ok = ob.ndim == nd and not ob.readonly and ob.shape[nd - 1] == Dv
+    for i in range(nd - 1):
+        ok = ok and ob.shape[i] == qb.shape[i]
+    if ok:
+        lo = <uintptr_t>ob.buf
+        hi = lo + <uintptr_t>ob.len
+        ok = (_disjoint(qb, lo, hi) and _disjoint(kb, lo, hi) and _disjoint(vb, lo, hi)
+              and (mb == NULL or _disjoint(mb, lo, hi)))
+    PyBuffer_Release(&ob)
+    return ok
+
+
+cdef void _extent(Py_buffer *view, uintptr_t *lo, uintptr_t *hi) noexcept:
+    """The bytes [lo, hi) that a strided buffer (every dimension >= 1) can touch."""
+    cdef Py_ssize_t i, step
+    cdef intptr_t below = 0, above = 0
+    for i in range(view.ndim):
+        step = (view.shape[i] - 1) * view.strides[i]
+        if step < 0:
+            below += step
+        else:
+            above += step
+    lo[0] = <uintptr_t>view.buf + below
+    hi[0] = <uintptr_t>view.buf + above + view.itemsize
+
+
+cdef bint _disjoint(Py_buffer *view, uintptr_t lo, uintptr_t hi) noexcept:
+    """True when the bytes [lo, hi) lie wholly outside view's extent (no overlap
+    possible; numpy.may_share_memory's bounds test, the first step of
+    fastattn._validate.shares_memory)."""
+    cdef uintptr_t a, b
+    _extent(view, &a, &b)
+    return hi <= a or b <= lo
+
+
 def sdpa_plain(q, k, v, mask, is_causal, window, scale, enable_gqa, return_lse,
-               int nthreads):
+               int nthreads, out=None):
     """scaled_dot_product_attention for the common case, or None where it does not apply.
 
     Applies when q, k and v are aligned, native float32 numpy.ndarrays (no
@@ -339,7 +386,12 @@ def sdpa_plain(q, k, v, mask, is_causal, window, scale, enable_gqa, return_lse,
     q.shape[:-1] + (S,) with no more dimensions; is_causal, enable_gqa and
     return_lse Python bools; window None or a tuple of two sides, each None or
     a Python int >= 0; scale None or a finite Python float within float32's
-    range. The caller passes no other option. Anything else
+    range; out None or a writeable, aligned, C-contiguous native float32
+    numpy.ndarray (no subclass) of exactly the result's shape whose bytes lie
+    outside those of q, k, v and the mask (then the result is written into it
+    and it is returned; an out whose bytes interleave an input's without
+    sharing any is left to the general path, fastattn._validate.check_out,
+    which decides). The caller passes no other option. Anything else
     returns None, for the general path (fastattn._validate and
     _api._run_attention) to convert and check, with its errors: this path
     never raises on its arguments. It gives the kernel exactly the arguments
@@ -446,7 +498,10 @@ def sdpa_plain(q, k, v, mask, is_causal, window, scale, enable_gqa, return_lse,
             offs[2 * nbatch + j] = vo
             offs[3 * nbatch + j] = mo
         shape = q.shape[:-1]
-        out = _empty(shape + (Dv,), _float32)
+        if out is None:
+            out = _empty(shape + (Dv,), _float32)
+        elif not _takes_out(out, &qb, &kb, &vb, &mb if held >= 4 else NULL, nd, Dv):
+            return None
         lse = _empty(shape, _float32) if return_lse is True else None
         memset(&a, 0, sizeof(a))
         a.nbatch = nbatch
