@@ -51,7 +51,7 @@ static void scratch_free(fa_scratch *w)
     w->arena = NULL;
 }
 
-#define FA_SCRATCH_BUFFERS 20 /* the buffers of fa_scratch */
+#define FA_SCRATCH_BUFFERS 21 /* the buffers of fa_scratch */
 
 static int scratch_alloc(fa_scratch *w, int64_t D, int64_t Dv)
 {
@@ -78,6 +78,7 @@ static int scratch_alloc(fa_scratch *w, int64_t D, int64_t Dv)
         (FA_BQ * Dvp + 1) * sizeof(float),     /* acct */
         FA_BQ * sizeof(float),                 /* tmax */
         FA_MAX_MR * FA_NR * sizeof(float),     /* pvo */
+        FA_BQ * Dp * sizeof(float),            /* qt */
     };
     void **slots[FA_SCRATCH_BUFFERS];
     size_t offs[FA_SCRATCH_BUFFERS], total = 0;
@@ -106,6 +107,7 @@ static int scratch_alloc(fa_scratch *w, int64_t D, int64_t Dv)
     slots[17] = (void **)&w->acct;
     slots[18] = (void **)&w->tmax;
     slots[19] = (void **)&w->pvo;
+    slots[20] = (void **)&w->qt;
     for (i = 0; i < FA_SCRATCH_BUFFERS; i++) {
         offs[i] = total;
         total += (sizes[i] + 2 * FA_SCRATCH_ALIGN - 1) / FA_SCRATCH_ALIGN * FA_SCRATCH_ALIGN;

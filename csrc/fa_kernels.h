@@ -65,6 +65,8 @@ typedef struct {
     float *qpad;      /* FA_BQ x D    the unit's query rows, zero rows to a multiple of MR
                        * (row by row, or in MR-row blocks d by d: pack_rows) */
     float *kt;        /* D x FA_BK    the key tile, transposed, zero padded */
+    float *qt;        /* FA_BQ x D    the unit's query rows in blocks of 16 rows, d by d
+                       * (a variant's whole-tile kernels: qt_tile) */
     float *sc;        /* FA_BQ x FA_BK scores, then probabilities */
     float *vpad;      /* FA_BK x Dvp  the value tile, zero padded */
     float *tile;      /* FA_BQ x Dvp  one tile's P.V */

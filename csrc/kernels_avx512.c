@@ -188,6 +188,16 @@ static inline FA_TARGET __m512 exp2_nonpos_avx512(__m512 x)
  * lanes at a time: the same exponentials element for element as the AVX2
  * variant's, summed in sixteen lanes (a fixed order of this variant's own). */
 #define FA_HAVE_TILE_SOFTMAX 1
+/* The sum of a register's sixteen lanes in a fixed order: t[i] = x[i + 8] +
+ * x[i], then u[i] = t[i + 4] + t[i], then (u[0] + u[2]) + (u[1] + u[3]). */
+static FA_ALWAYS_INLINE FA_TARGET float hsum16_avx512(__m512 x)
+{
+    const __m256 t = _mm256_add_ps(_mm512_extractf32x8_ps(x, 1), _mm512_castps512_ps256(x));
+    const __m128 u = _mm_add_ps(_mm256_extractf128_ps(t, 1), _mm256_castps256_ps128(t));
+    const __m128 v = _mm_add_ps(u, _mm_movehl_ps(u, u)); /* u[0] + u[2], u[1] + u[3] */
+    return _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)));
+}
+
 typedef char fa_avx512_tile_is_whole_registers[FA_BK % 16 == 0 ? 1 : -1];
 
 static FA_TARGET float tile_max_avx512(const float *s, int64_t nc, float m)
@@ -227,7 +237,125 @@ static FA_TARGET double tile_exp_avx512(float *s, int64_t nc, float m)
         _mm512_storeu_ps(s + jj, p);
         sum = _mm512_add_ps(sum, p);
     }
-    return (double)_mm512_reduce_add_ps(sum);
+    return (double)hsum16_avx512(sum);
+}
+
+/*
+ * Key tiles that every row of a unit takes whole, with no mask, soft cap,
+ * ALiBi or general segment ids (kernels.inc's qt_tile): the scores with the
+ * unit's rows as the lanes. q^T in blocks of sixteen rows (row r, element d
+ * at (r / 16) 16 D + 16 d + r % 16), each key's element broadcast from k's
+ * row in place, so a tile needs no packed copy of k, and a row's maximum and
+ * sum over the tile's keys are taken lane by lane, across registers, with no
+ * reduction within a register. Each score is the micro-kernel's sum (one
+ * fused multiply-add per step of d, d ascending from 0, then the scale), each
+ * weight tile_exp_avx512's exponential and each row's sum tile_exp_avx512's
+ * sixteen partial sums added in hsum16_avx512's order: the bits of the
+ * general path.
+ */
+#define FA_HAVE_QT_TILE 1
+typedef char fa_avx512_qt_geometry[FA_BQ % 32 == 0 && FA_BK == 64 ? 1 : -1];
+
+/* pt[j * FA_BQ + r] = scale (q_r . k_j) for the tile's 64 keys (k: row j at
+ * k + j rs) and the rows r < nrt (a multiple of 32), and mnew[r] = the larger
+ * of the row's largest score and mold[r]. 0 if an mnew is not finite (a NaN or
+ * infinite score or running maximum: the tile is then redone on the general
+ * path); NaN scores that the maximum leaves out show in the sums (qt_exp). */
+static FA_TARGET int qt_scores_avx512(const float *qt, int64_t nrt, int64_t D, const float *k,
+                                      int64_t rs, float scale, const float *mold, float *pt,
+                                      float *mnew)
+{
+    const __m512 sv = _mm512_set1_ps(scale), zero = _mm512_setzero_ps();
+    __mmask16 bad = 0;
+    int64_t p, g, d;
+    for (p = 0; p < nrt; p += 32) { /* rows p .. p + 31: two blocks of sixteen */
+        const float *q0 = qt + p * D, *q1 = q0 + 16 * D;
+        __m512 mx0 = _mm512_set1_ps(-INFINITY), mx1 = mx0;
+        for (g = 0; g < FA_BK; g += 8) { /* keys g .. g + 7 */
+            const float *kg = k + g * rs;
+#define FA_DECL(j) __m512 a##j = _mm512_setzero_ps(), b##j = _mm512_setzero_ps();
+#define FA_STEP(j)                                                                             \
+    {                                                                                          \
+        const __m512 kv = _mm512_set1_ps(kg[(j) * rs + d]);                                    \
+        a##j = _mm512_fmadd_ps(x0, kv, a##j);                                                  \
+        b##j = _mm512_fmadd_ps(x1, kv, b##j);                                                  \
+    }
+#define FA_STORE(j)                                                                            \
+    {                                                                                          \
+        const __m512 s0 = _mm512_mul_ps(a##j, sv), s1 = _mm512_mul_ps(b##j, sv);               \
+        _mm512_storeu_ps(pt + (g + (j)) * FA_BQ + p, s0);                                      \
+        _mm512_storeu_ps(pt + (g + (j)) * FA_BQ + p + 16, s1);                                 \
+        mx0 = _mm512_max_ps(s0, mx0);                                                          \
+        mx1 = _mm512_max_ps(s1, mx1);                                                          \
+    }
+#define FA_KEYS8(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+            FA_KEYS8(FA_DECL)
+            for (d = 0; d < D; d++) {
+                const __m512 x0 = _mm512_loadu_ps(q0 + 16 * d), x1 = _mm512_loadu_ps(q1 + 16 * d);
+                FA_KEYS8(FA_STEP)
+            }
+            FA_KEYS8(FA_STORE)
+#undef FA_DECL
+#undef FA_STEP
+#undef FA_STORE
+#undef FA_KEYS8
+        }
+        /* tile_max's `r > m ? r : m` lane by lane (a NaN m stays: not finite) */
+        mx0 = _mm512_max_ps(mx0, _mm512_loadu_ps(mold + p));
+        mx1 = _mm512_max_ps(mx1, _mm512_loadu_ps(mold + p + 16));
+        bad |= _mm512_cmp_ps_mask(_mm512_sub_ps(mx0, mx0), zero, _CMP_NEQ_UQ)
+               | _mm512_cmp_ps_mask(_mm512_sub_ps(mx1, mx1), zero, _CMP_NEQ_UQ);
+        _mm512_storeu_ps(mnew + p, mx0);
+        _mm512_storeu_ps(mnew + p + 16, mx1);
+    }
+    return !bad;
+}
+
+/* The weights of key c + 16 i (i = 0 .. 3) for sixteen rows (pt as
+ * qt_scores left it, rows r .. r + 15 from p, maxima mv) in place, and their
+ * sum from +0 in that order: lane c of tile_exp_avx512's register of sums. */
+static FA_ALWAYS_INLINE FA_TARGET __m512 qt_part_avx512(float *p, int c, __m512 mv)
+{
+    const __m512 log2e = _mm512_set1_ps(FA_LOG2E), ninf = _mm512_set1_ps(-INFINITY),
+                 lo = _mm512_set1_ps(-124.0f);
+    __m512 sum = _mm512_setzero_ps();
+    int i;
+    for (i = 0; i < 4; i++) {
+        float *s = p + (int64_t)(c + 16 * i) * FA_BQ;
+        const __m512 x = _mm512_loadu_ps(s);
+        const __m512 y = _mm512_mul_ps(_mm512_sub_ps(x, mv), log2e);
+        const __mmask16 live = _mm512_cmp_ps_mask(x, ninf, _CMP_NEQ_UQ);
+        const __mmask16 slow = live & _mm512_cmp_ps_mask(y, lo, _CMP_NGE_UQ);
+        const __m512 e = _mm512_maskz_mov_ps(live, slow ? exp2_nonpos_avx512(y)
+                                                        : exp2_normal_avx512(y));
+        _mm512_storeu_ps(s, e);
+        sum = _mm512_add_ps(sum, e);
+    }
+    return sum;
+}
+
+/* pt's scores -> exp(s - mnew) in place for the rows r < nrt, and each row's
+ * sum of them (float32, tile_exp_avx512's order: hsum16_avx512 over the
+ * sixteen partial sums of keys c, c + 16, c + 32, c + 48). 0 if a sum is
+ * NaN (a NaN score). */
+static FA_TARGET int qt_exp_avx512(float *pt, int64_t nrt, const float *mnew, float *sum)
+{
+    __mmask16 bad = 0;
+    int64_t r;
+    int i;
+    for (r = 0; r < nrt; r += 16) {
+        const __m512 mv = _mm512_loadu_ps(mnew + r);
+        __m512 t6[4], t;
+        for (i = 0; i < 4; i++) /* hsum16_avx512's first two levels, lane by lane */
+            t6[i] = _mm512_add_ps(_mm512_add_ps(qt_part_avx512(pt + r, i + 12, mv),
+                                                qt_part_avx512(pt + r, i + 4, mv)),
+                                  _mm512_add_ps(qt_part_avx512(pt + r, i + 8, mv),
+                                                qt_part_avx512(pt + r, i, mv)));
+        t = _mm512_add_ps(_mm512_add_ps(t6[0], t6[2]), _mm512_add_ps(t6[1], t6[3]));
+        bad |= _mm512_cmp_ps_mask(t, t, _CMP_UNORD_Q);
+        _mm512_storeu_ps(sum + r, t);
+    }
+    return !bad;
 }
 
 /* Sixteen half-precision elements (the bits in h) of dtype dt as float32:
