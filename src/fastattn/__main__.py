@@ -234,7 +234,9 @@ def main(argv=None):
                         "also times the contiguous call (column f32/fa)")
     b.add_argument("--threads", type=_count(1), default=None,
                    help="fastattn (and torch) threads (default: OpenMP's)")
-    b.add_argument("--repeat", type=_count(1), default=3, help="timed runs (best kept)")
+    b.add_argument("--repeat", type=_count(1), default=3,
+                   help="timed runs (best kept); --options: rounds of the calls compared, "
+                        "run in turn (at least 7; medians kept)")
     b.add_argument("--reference", action="store_true",
                    help="also time the NumPy reference (O(L*S) memory)")
     b.add_argument("--no-torch", action="store_true", help="do not time PyTorch")

@@ -41,19 +41,26 @@ def best_time(fn, repeat):
     return best
 
 
-def best_times_alternated(fns, repeat):
-    """Best wall time of each of fns over `repeat` rounds that run them in
-    turn (after one warm-up round), so that a change in the machine's load
-    during the measurement reaches every one of them alike."""
+def ratios_alternated(fns, rounds):
+    """Times of fns run in turn over `rounds` rounds (after one warm-up
+    round), the first of each round rotating: per fn, the median of its
+    times and the median over the rounds of its time over fns[0]'s time in
+    the same round. The host's speed changes in steps; a step between two
+    rounds falls on both terms of a round's ratio alike, where the best of
+    each over all rounds can pair a fast phase of one with a slow phase of
+    the other."""
     for fn in fns:
         fn()
-    best = [np.inf] * len(fns)
-    for _ in range(max(1, repeat)):
-        for n, fn in enumerate(fns):
+    rounds = max(1, rounds)
+    times = np.empty((rounds, len(fns)))
+    for r in range(rounds):
+        for n in range(len(fns)):
+            m = (n + r) % len(fns)
             t0 = time.perf_counter()
-            fn()
-            best[n] = min(best[n], time.perf_counter() - t0)
-    return best
+            fns[m]()
+            times[r, m] = time.perf_counter() - t0
+    ratios = np.median(times / times[:, :1], axis=0)
+    return list(np.median(times, axis=0)), list(ratios)
 
 
 def torch_or_none():
@@ -632,52 +639,55 @@ def options_grid(repeat=3, L=4096, heads=8, D=128, threads=2, out=None):
     """Causal attention with softcap, ALiBi and sinks against none; 16 packed
     documents by segment ids against dense bool masks; varlen_attention over
     16 sequences of 16..L/4 tokens against separate calls and the padded
-    batch. Prints (seconds, ratio) rows; returns them as a list."""
+    batch. Each group of calls compared runs in turn over max(7, repeat)
+    rounds (ratios_alternated): a row's time is its median, its ratio the
+    median of the per-round ratios. Prints (seconds, ratio) rows; returns
+    them as a list."""
     out = sys.stdout if out is None else out
+    rounds = max(7, repeat)
     fastattn.set_num_threads(threads)
     q, k, v = (_randn((1, heads, L, D), s) for s in range(3))
     options: List[Tuple[str, Dict[str, Any]]] = [
         ("softcap=30", {"softcap": 30.0}),
         ("alibi_slopes", {"alibi_slopes": 2.0 ** -np.arange(1, heads + 1)}),
         ("sinks", {"sinks": np.zeros(heads)})]
-    # the call without options and those with them in turn, round by round
-    times = best_times_alternated(
+    times, ratios = ratios_alternated(
         [lambda: fastattn.causal_attention(q, k, v)]
-        + [lambda kw=kw: fastattn.causal_attention(q, k, v, **kw) for _, kw in options], repeat)
-    base = times[0]
-    rows = [("causal, no option", base, 1.0)]
-    for (name, _), t in zip(options, times[1:]):
-        rows.append((name, t, t / base))
+        + [lambda kw=kw: fastattn.causal_attention(q, k, v, **kw) for _, kw in options], rounds)
+    rows = [("causal, no option", times[0], 1.0)]
+    for (name, _), t, r in zip(options, times[1:], ratios[1:]):
+        rows.append((name, t, r))
     doc = max(1, L // 16)
     ids = np.arange(L) // doc
     dense = ids[:, None] == ids[None, :]
-    seg = best_time(lambda: fastattn.causal_attention(q, k, v, segment_ids=ids), repeat)
-    rows.append((f"segment_ids, documents of {doc}", seg, 1.0))
-    t = best_time(lambda: fastattn.causal_attention(q, k, v, dense), 1)
-    rows.append(("dense document mask + is_causal (x slower)", t, t / seg))
     both = dense & np.tri(L, dtype=bool)
-    t = best_time(lambda: fastattn.scaled_dot_product_attention(q, k, v, both), 1)
-    rows.append(("one dense document-and-causal mask (x slower)", t, t / seg))
+    times, ratios = ratios_alternated(
+        [lambda: fastattn.causal_attention(q, k, v, segment_ids=ids),
+         lambda: fastattn.causal_attention(q, k, v, dense),
+         lambda: fastattn.scaled_dot_product_attention(q, k, v, both)], rounds)
+    rows.append((f"segment_ids, documents of {doc}", times[0], 1.0))
+    rows.append(("dense document mask + is_causal (x slower)", times[1], ratios[1]))
+    rows.append(("one dense document-and-causal mask (x slower)", times[2], ratios[2]))
     lens = np.round(np.geomspace(16, max(16, L // 4), 16)).astype(int)
     cu = np.concatenate([[0], np.cumsum(lens)])
     qp, kp, vp = (_randn((int(cu[-1]), heads, D), s) for s in range(3))
+    pad = _randn((16, heads, int(lens[-1]), D), 3)
 
     def separate():
         for b in range(16):
             r = slice(cu[b], cu[b + 1])
             fastattn.causal_attention(qp[r].swapaxes(0, 1), kp[r].swapaxes(0, 1),
                                       vp[r].swapaxes(0, 1))
-    tv, t = best_times_alternated(
-        [lambda: fastattn.varlen_attention(qp, kp, vp, cu, cu, is_causal=True), separate], repeat)
-    rows.append((f"varlen_attention, 16 sequences of {lens[0]}..{lens[-1]}", tv, 1.0))
-    rows.append(("separate calls (x slower)", t, t / tv))
-    pad = _randn((16, heads, int(lens[-1]), D), 3)
-    t = best_time(lambda: fastattn.causal_attention(pad, pad, pad), repeat)
+    times, ratios = ratios_alternated(
+        [lambda: fastattn.varlen_attention(qp, kp, vp, cu, cu, is_causal=True), separate,
+         lambda: fastattn.causal_attention(pad, pad, pad)], rounds)
+    rows.append((f"varlen_attention, 16 sequences of {lens[0]}..{lens[-1]}", times[0], 1.0))
+    rows.append(("separate calls (x slower)", times[1], ratios[1]))
     ratio = 16 * float(lens[-1]) ** 2 / float(np.sum(lens.astype(float) ** 2))
-    rows.append((f"padded batch (x slower; padding ratio {ratio:.1f}x)", t, t / tv))
+    rows.append((f"padded batch (x slower; padding ratio {ratio:.1f}x)", times[2], ratios[2]))
     fastattn.set_num_threads(None)
     print(f"score options, document masks, packed batches: H={heads} L=S={L} D={D}, "
-          f"{threads} threads", file=out)
+          f"{threads} threads; medians of {rounds} rounds", file=out)
     for name, t, r in rows:
         print(f"  {name:<52} {t * 1e3:10.1f} ms  {r:6.2f}x", file=out)
     return rows
