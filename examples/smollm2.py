@@ -916,10 +916,14 @@ def forward(model, ids, cache, *, all_logits=False, attention=None, on_attention
         Return the logits of every new position. By default only the last
         position goes through the output layer (the only one generation needs,
         as Hugging Face's ``logits_to_keep=1``; the 49152 x 576 output layer
-        is a fifth of the model's work per token).
+        is a fifth of the model's work per token), and through the last
+        layer's attention and feed-forward (every position's keys and values
+        of that layer still go to the cache; the other positions' outputs of
+        the last layer feed nothing).
     attention : callable, optional
         ``attention(q, k, v)`` with q (heads, T, D) and k, v (kv_heads,
-        length + T, D), returning (heads, T, D). Default:
+        length + T, D), returning (heads, T, D); in the last layer without
+        `all_logits`, q is the last row alone, (heads, 1, D). Default:
         ``fastattn.scaled_dot_product_attention(q, k, v, is_causal=True,
         enable_gqa=True)``: query row ``i`` sits at position ``length + i``
         and sees the keys up to it (bottom-right alignment).
@@ -1015,7 +1019,8 @@ def forward(model, ids, cache, *, all_logits=False, attention=None, on_attention
 
     def after_attention(a, b):
         """Rows a:b: output projection, residual, RMSNorm, SwiGLU feed-forward, residual."""
-        np.copyto(heads_out[a:b], layer["o_heads"][:, a:b].transpose(1, 0, 2))
+        o0 = layer["o_first"]  # the row of the pass that the attention output's row 0 is
+        np.copyto(heads_out[a:b], layer["o_heads"][:, a - o0:b - o0].transpose(1, 0, 2))
         seconds = matmul(heads_out[a:b].reshape(b - a, H * D), layer["o"], y[a:b])
         x[a:b] += y[a:b]
         _rms_norm(x[a:b], layer["ffn_norm"], c.rms_eps, out=h[a:b])
@@ -1045,10 +1050,15 @@ def forward(model, ids, cache, *, all_logits=False, attention=None, on_attention
             q = qk[:, :H].transpose(1, 0, 2)  # (H, T, D)
             if on_attention is not None:
                 on_attention(i, q, k_all)
+            # The last layer's keys and values go to the cache for every row, but
+            # only the rows whose logits are returned need its attention and
+            # feed-forward: without all_logits, the last row alone.
+            last_only = i == c.n_layers - 1 and not all_logits
+            layer["o_first"] = T - 1 if last_only else 0
             t0 = _clock()
-            layer["o_heads"] = attention(q, k_all, v_all)
+            layer["o_heads"] = attention(q[:, -1:] if last_only else q, k_all, v_all)
             timer.add("attention", _clock() - t0)
-            timer.add("matmul", run(after_attention))
+            timer.add("matmul", after_attention(T - 1, T) if last_only else run(after_attention))
     cache.length = start + T
     x = _rms_norm(x if all_logits else x[-1:], p["norm"], c.rms_eps)
     logits = np.empty((x.shape[0], c.vocab_size), np.float32)

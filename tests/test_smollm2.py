@@ -253,6 +253,27 @@ def test_chunked_prefill_equals_full_forward(tiny):
     np.testing.assert_allclose(np.concatenate([a, b]), full, rtol=1e-5, atol=2e-5)
 
 
+def test_last_position_only_equals_all_logits_and_fills_the_same_cache(tiny):
+    """Without all_logits the last layer runs its attention and feed-forward on
+    the last row alone: the same logits, the same cache for the next step."""
+    ids = smollm2.encode(tiny, "the theater in the air is there")
+    caches = [smollm2.KVCache(tiny.config, len(ids) + 1) for _ in range(2)]
+    rows = []
+
+    def attention(q, k, v):
+        rows.append(q.shape[1])
+        return fastattn.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+    last = smollm2.forward(tiny, ids, caches[0], attention=attention)
+    assert rows == [len(ids)] * (tiny.config.n_layers - 1) + [1]
+    full = smollm2.forward(tiny, ids, caches[1], all_logits=True)
+    assert last.shape == (1, tiny.config.vocab_size)
+    np.testing.assert_allclose(last[0], full[-1], rtol=1e-5, atol=2e-5)
+    for a, b in zip(caches[0].k + caches[0].v, caches[1].k + caches[1].v):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(*(smollm2.forward(tiny, [7], c) for c in caches))
+
+
 def test_fastattn_attention_equals_the_reference(tiny):
     ids = smollm2.encode(tiny, "the theater")
     calls = []
