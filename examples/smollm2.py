@@ -513,8 +513,8 @@ class KVCache:
     Attributes
     ----------
     k, v : list of ndarray, shape (kv_heads, capacity, head_dim)
-        Per layer. Positions ``[0, length)`` are filled; the attention reads
-        the views ``k[layer][:, :length]``.
+        Per layer (views of one zeroed block). Positions ``[0, length)``
+        are filled; the attention reads the views ``k[layer][:, :length]``.
     length : int
         Positions filled (the same in every layer once a forward pass is
         complete).
@@ -527,10 +527,17 @@ class KVCache:
         if not 1 <= capacity <= self.max_length:
             raise ValueError(f"capacity must be in [1, {self.max_length}], got {capacity}")
         self.dtype = kv_dtype_of(dtype)
-        shape = (config.n_kv_heads, capacity, config.head_dim)
-        self.k = [np.zeros(shape, self.dtype) for _ in range(config.n_layers)]
-        self.v = [np.zeros(shape, self.dtype) for _ in range(config.n_layers)]
+        self.k, self.v = self._allocate(capacity)
         self.length = 0
+
+    def _allocate(self, capacity):
+        """Zeroed per-layer K and V arrays of `capacity` positions: views of one
+        block, so that a new cache costs one allocation (for a large one, a few
+        huge pages where the kernel gives them, not thousands of small page
+        faults, which took ~20 ms for a 513-position cache of SmolLM2)."""
+        c = self.config
+        block = np.zeros((2, c.n_layers, c.n_kv_heads, capacity, c.head_dim), self.dtype)
+        return list(block[0]), list(block[1])
 
     @property
     def capacity(self):
@@ -553,11 +560,10 @@ class KVCache:
         if needed <= self.capacity:
             return
         new = min(max(2 * self.capacity, needed), self.max_length)
-        for arrays in (self.k, self.v):
-            for i, old in enumerate(arrays):
-                grown = np.zeros((old.shape[0], new, old.shape[2]), self.dtype)
-                grown[:, :self.length] = old[:, :self.length]
-                arrays[i] = grown
+        k, v = self._allocate(new)
+        for grown, old in zip(k + v, self.k + self.v):
+            grown[:, :self.length] = old[:, :self.length]
+        self.k, self.v = k, v
 
     def write(self, layer, k, v):
         """Store the keys and values of positions ``[length, length + T)`` of one layer.
