@@ -789,8 +789,9 @@ class _StepBuffers:
     """The activations of one decoding step, allocated once per thread and model shape.
 
     Every array a step writes (the residual stream, the normalised input, the
-    projections, RoPE's output and its swapped halves, the feed-forward
-    activation) lives here, so a step allocates only the logits it returns.
+    projections, RoPE's output and its swapped halves, the attention output,
+    the feed-forward activation) lives here, so a step allocates only the
+    logits it returns.
     """
 
     def __init__(self, c):
@@ -800,6 +801,7 @@ class _StepBuffers:
         self.qkv = np.empty((H + 2 * Hkv) * D, f32)
         self.qk, self.swapped = (np.empty((H + Hkv, D), f32) for _ in range(2))
         self.gate_up, self.act = np.empty(2 * F, f32), np.empty(F, f32)
+        self.attn_out = np.empty((H, 1, D), f32)  # the attention's out=: one row per head
         # RoPE's operands: the q and k heads of the projection, and the same with
         # each head's two halves in reverse order (a view: (x2, x1))
         self.qk_in = self.qkv[:(H + Hkv) * D].reshape(H + Hkv, D)
@@ -838,8 +840,9 @@ def _decode_step(model, token, cache, timer, attention, on_attention):
     on 1-D vectors in preallocated buffers (:class:`_StepBuffers`), takes the
     RMSNorm's sum of squares from one BLAS dot product, reads RoPE's swapped
     halves through a view, writes the new key and value straight into the cache,
-    and hands the attention output to the next product without a copy
-    (one query row: head-major is token-major). Results equal the general
+    has fastattn write the attention output into a buffer (its ``out=``) and
+    hands that to the next product without a copy (one query row: head-major
+    is token-major). Results equal the general
     path's up to float32 rounding.
     """
     c, p = model.config, model.weights
@@ -855,6 +858,7 @@ def _decode_step(model, token, cache, timer, attention, on_attention):
     x, h, y, qkv, qk, swapped = b.x, b.h, b.y, b.qkv, b.qk, b.swapped
     gate, up, act = b.gate_up[:F], b.gate_up[F:], b.act
     q = qk[:H].reshape(H, 1, D)
+    attn_out, sdpa = b.attn_out, fastattn.scaled_dot_product_attention
     matmul, clock, add = np.matmul, _clock, timer.add
     np.copyto(x, p["embed"][token])
     for i, keys in enumerate(b.layer_keys):
@@ -875,7 +879,10 @@ def _decode_step(model, token, cache, timer, attention, on_attention):
         if on_attention is not None:
             on_attention(i, q, k_all)
         t0 = clock()
-        o = attention(q, k_all, v_all)
+        if attention is None:  # fastattn's, into this thread's buffer
+            o = sdpa(q, k_all, v_all, is_causal=True, enable_gqa=True, out=attn_out)
+        else:
+            o = attention(q, k_all, v_all)
         t1 = clock()
         add("attention", t1 - t0)
         matmul(o.reshape(q_end), w_o, out=y)
@@ -987,12 +994,12 @@ def forward(model, ids, cache, *, all_logits=False, attention=None, on_attention
     if threads is not None and (not isinstance(threads, (int, np.integer)) or threads < 1):
         raise ValueError(f"threads must be None or an int >= 1, got {threads!r}")
     timer = _NoTimings() if timings is None else timings
+    if T == 1:
+        return _decode_step(model, int(ids[0]), cache, timer, attention, on_attention)
     if attention is None:
         def attention(q, k, v):
             return fastattn.scaled_dot_product_attention(q, k, v, is_causal=True,
                                                          enable_gqa=True)
-    if T == 1:
-        return _decode_step(model, int(ids[0]), cache, timer, attention, on_attention)
     n = max(1, min(T // _MIN_ROWS_PER_THREAD,
                    threads or (_blas_threads() if T >= 2 * _MIN_ROWS_PER_THREAD else 1)))
     cache.reserve(T)
