@@ -257,20 +257,31 @@ static FA_TARGET double tile_exp_avx512(float *s, int64_t nc, float m)
 typedef char fa_avx512_qt_geometry[FA_BQ % 32 == 0 && FA_BK == 64 ? 1 : -1];
 
 /* pt[j * FA_BQ + r] = scale (q_r . k_j) for the tile's 64 keys (k: row j at
- * k + j rs) and the rows r < nrt (a multiple of 32), and mnew[r] = the larger
- * of the row's largest score and mold[r]. 0 if an mnew is not finite (a NaN or
- * infinite score or running maximum: the tile is then redone on the general
- * path); NaN scores that the maximum leaves out show in the sums (qt_exp). */
-static FA_TARGET int qt_scores_avx512(const float *qt, int64_t nrt, int64_t D, const float *k,
-                                      int64_t rs, float scale, const float *mold, float *pt,
-                                      float *mnew)
+ * k + j rs) and the rows r < nrt (a multiple of 32), -inf for a key outside
+ * the row's [first[r], last[r]) where bounded (first, last: int32 offsets
+ * within the tile); mnew[r] = the larger of the row's largest score and
+ * mold[r]. 0 if an mnew is NaN or +inf (a NaN or infinite score or running
+ * maximum: the tile is then redone on the general path); NaN scores that the
+ * maximum leaves out show in the sums (qt_exp). */
+static FA_ALWAYS_INLINE FA_TARGET int qt_scores_body_avx512(
+    const float *qt, int64_t nrt, int64_t D, const float *k, int64_t rs, float scale,
+    const float *mold, float *pt, float *mnew, const int bounded, const int32_t *first,
+    const int32_t *last)
 {
-    const __m512 sv = _mm512_set1_ps(scale), zero = _mm512_setzero_ps();
+    const __m512 sv = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY),
+                 pinf = _mm512_set1_ps(INFINITY);
     __mmask16 bad = 0;
     int64_t p, g, d;
     for (p = 0; p < nrt; p += 32) { /* rows p .. p + 31: two blocks of sixteen */
         const float *q0 = qt + p * D, *q1 = q0 + 16 * D;
-        __m512 mx0 = _mm512_set1_ps(-INFINITY), mx1 = mx0;
+        __m512 mx0 = ninf, mx1 = ninf;
+        __m512i f0 = _mm512_setzero_si512(), f1 = f0, w0 = f0, w1 = f0;
+        if (bounded) { /* key kk allowed: kk - first < last - first, unsigned */
+            f0 = _mm512_loadu_si512(first + p);
+            f1 = _mm512_loadu_si512(first + p + 16);
+            w0 = _mm512_max_epi32(_mm512_sub_epi32(_mm512_loadu_si512(last + p), f0), w0);
+            w1 = _mm512_max_epi32(_mm512_sub_epi32(_mm512_loadu_si512(last + p + 16), f1), w1);
+        }
         for (g = 0; g < FA_BK; g += 8) { /* keys g .. g + 7 */
             const float *kg = k + g * rs;
 #define FA_DECL(j) __m512 a##j = _mm512_setzero_ps(), b##j = _mm512_setzero_ps();
@@ -282,7 +293,12 @@ static FA_TARGET int qt_scores_avx512(const float *qt, int64_t nrt, int64_t D, c
     }
 #define FA_STORE(j)                                                                            \
     {                                                                                          \
-        const __m512 s0 = _mm512_mul_ps(a##j, sv), s1 = _mm512_mul_ps(b##j, sv);               \
+        __m512 s0 = _mm512_mul_ps(a##j, sv), s1 = _mm512_mul_ps(b##j, sv);                     \
+        if (bounded) {                                                                         \
+            const __m512i kk = _mm512_set1_epi32((int)g + (j));                                \
+            s0 = _mm512_mask_mov_ps(ninf, _mm512_cmplt_epu32_mask(_mm512_sub_epi32(kk, f0), w0), s0); \
+            s1 = _mm512_mask_mov_ps(ninf, _mm512_cmplt_epu32_mask(_mm512_sub_epi32(kk, f1), w1), s1); \
+        }                                                                                      \
         _mm512_storeu_ps(pt + (g + (j)) * FA_BQ + p, s0);                                      \
         _mm512_storeu_ps(pt + (g + (j)) * FA_BQ + p + 16, s1);                                 \
         mx0 = _mm512_max_ps(s0, mx0);                                                          \
@@ -300,15 +316,23 @@ static FA_TARGET int qt_scores_avx512(const float *qt, int64_t nrt, int64_t D, c
 #undef FA_STORE
 #undef FA_KEYS8
         }
-        /* tile_max's `r > m ? r : m` lane by lane (a NaN m stays: not finite) */
+        /* tile_max's `r > m ? r : m` lane by lane (a NaN m stays: rejected) */
         mx0 = _mm512_max_ps(mx0, _mm512_loadu_ps(mold + p));
         mx1 = _mm512_max_ps(mx1, _mm512_loadu_ps(mold + p + 16));
-        bad |= _mm512_cmp_ps_mask(_mm512_sub_ps(mx0, mx0), zero, _CMP_NEQ_UQ)
-               | _mm512_cmp_ps_mask(_mm512_sub_ps(mx1, mx1), zero, _CMP_NEQ_UQ);
+        bad |= _mm512_cmp_ps_mask(mx0, pinf, _CMP_NLT_UQ) | _mm512_cmp_ps_mask(mx1, pinf, _CMP_NLT_UQ);
         _mm512_storeu_ps(mnew + p, mx0);
         _mm512_storeu_ps(mnew + p + 16, mx1);
     }
     return !bad;
+}
+
+static FA_TARGET int qt_scores_avx512(const float *qt, int64_t nrt, int64_t D, const float *k,
+                                      int64_t rs, float scale, const float *mold, float *pt,
+                                      float *mnew, const int32_t *first, const int32_t *last)
+{
+    if (first)
+        return qt_scores_body_avx512(qt, nrt, D, k, rs, scale, mold, pt, mnew, 1, first, last);
+    return qt_scores_body_avx512(qt, nrt, D, k, rs, scale, mold, pt, mnew, 0, NULL, NULL);
 }
 
 /* The weights of key c + 16 i (i = 0 .. 3) for sixteen rows (pt as
