@@ -241,6 +241,143 @@ static FA_TARGET double FA_NAME(tile_exp)(float *s, int64_t nc, float m)
 }
 #endif
 
+#ifndef FA_HAVE_QT_TILE /* (a variant that includes this file may bring its own) */
+/*
+ * Whole tiles with the unit's rows as the lanes (kernels.inc's qt_tile):
+ * q^T in blocks of eight rows, each key's element broadcast from k's row in
+ * place, maxima and sums lane by lane across registers. Each score is
+ * gemm_block's sum (d ascending from 0, one fused multiply-add a step, then
+ * the scale), each weight tile_exp's exponential, each row's sum tile_exp's
+ * eight partial sums added in hsum_avx2's order: the general path's bits.
+ */
+#define FA_HAVE_QT_TILE 1
+#define FA_QT_LANES 8
+#define FA_QT_ROWS 16
+typedef char FA_NAME(qt_keys)[FA_BK == 64 ? 1 : -1];
+
+/* qt_scores_avx512's contract, with passes of sixteen rows (two registers)
+ * over four keys at a time. */
+static FA_ALWAYS_INLINE FA_TARGET int FA_NAME(qt_scores_body)(
+    const float *qt, int64_t nrt, int64_t D, const float *k, int64_t rs, float scale,
+    const float *mold, float *pt, float *mnew, const int bounded, const int32_t *first,
+    const int32_t *last)
+{
+    const __m256 sv = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY),
+                 pinf = _mm256_set1_ps(INFINITY);
+    __m256 bad = _mm256_setzero_ps();
+    int64_t p, g, d;
+    for (p = 0; p < nrt; p += 16) { /* rows p .. p + 15: two blocks of eight */
+        const float *q0 = qt + p * D, *q1 = q0 + 8 * D;
+        __m256 mx0 = ninf, mx1 = ninf;
+        __m256i f0 = _mm256_setzero_si256(), f1 = f0, l0 = f0, l1 = f0;
+        if (bounded) {
+            f0 = _mm256_loadu_si256((const __m256i *)(first + p));
+            f1 = _mm256_loadu_si256((const __m256i *)(first + p + 8));
+            l0 = _mm256_loadu_si256((const __m256i *)(last + p));
+            l1 = _mm256_loadu_si256((const __m256i *)(last + p + 8));
+        }
+        for (g = 0; g < FA_BK; g += 4) { /* keys g .. g + 3 */
+            const float *kg = k + g * rs;
+#define FA_DECL(j) __m256 a##j = _mm256_setzero_ps(), b##j = _mm256_setzero_ps();
+#define FA_STEP(j)                                                                             \
+    {                                                                                          \
+        const __m256 kv = _mm256_broadcast_ss(kg + (j) * rs + d);                              \
+        a##j = _mm256_fmadd_ps(x0, kv, a##j);                                                  \
+        b##j = _mm256_fmadd_ps(x1, kv, b##j);                                                  \
+    }
+#define FA_ALLOW(s, f, l) /* first <= kk < last: kept, else -inf */                            \
+    s = _mm256_blendv_ps(ninf, s, _mm256_castsi256_ps(_mm256_andnot_si256(                     \
+                                      _mm256_cmpgt_epi32(f, kk), _mm256_cmpgt_epi32(l, kk))));
+#define FA_STORE(j)                                                                            \
+    {                                                                                          \
+        __m256 s0 = _mm256_mul_ps(a##j, sv), s1 = _mm256_mul_ps(b##j, sv);                     \
+        if (bounded) {                                                                         \
+            const __m256i kk = _mm256_set1_epi32((int)g + (j));                                \
+            FA_ALLOW(s0, f0, l0)                                                               \
+            FA_ALLOW(s1, f1, l1)                                                               \
+        }                                                                                      \
+        _mm256_storeu_ps(pt + (g + (j)) * FA_BQ + p, s0);                                      \
+        _mm256_storeu_ps(pt + (g + (j)) * FA_BQ + p + 8, s1);                                  \
+        mx0 = _mm256_max_ps(s0, mx0);                                                          \
+        mx1 = _mm256_max_ps(s1, mx1);                                                          \
+    }
+#define FA_KEYS4(X) X(0) X(1) X(2) X(3)
+            FA_KEYS4(FA_DECL)
+            for (d = 0; d < D; d++) {
+                const __m256 x0 = _mm256_loadu_ps(q0 + 8 * d), x1 = _mm256_loadu_ps(q1 + 8 * d);
+                FA_KEYS4(FA_STEP)
+            }
+            FA_KEYS4(FA_STORE)
+#undef FA_DECL
+#undef FA_STEP
+#undef FA_ALLOW
+#undef FA_STORE
+#undef FA_KEYS4
+        }
+        /* tile_max's `r > m ? r : m` lane by lane (a NaN m stays: rejected) */
+        mx0 = _mm256_max_ps(mx0, _mm256_loadu_ps(mold + p));
+        mx1 = _mm256_max_ps(mx1, _mm256_loadu_ps(mold + p + 8));
+        bad = _mm256_or_ps(bad, _mm256_or_ps(_mm256_cmp_ps(mx0, pinf, _CMP_NLT_UQ),
+                                             _mm256_cmp_ps(mx1, pinf, _CMP_NLT_UQ)));
+        _mm256_storeu_ps(mnew + p, mx0);
+        _mm256_storeu_ps(mnew + p + 8, mx1);
+    }
+    return !_mm256_movemask_ps(bad);
+}
+
+static FA_TARGET int FA_NAME(qt_scores)(const float *qt, int64_t nrt, int64_t D, const float *k,
+                                        int64_t rs, float scale, const float *mold, float *pt,
+                                        float *mnew, const int32_t *first, const int32_t *last)
+{
+    if (first)
+        return FA_NAME(qt_scores_body)(qt, nrt, D, k, rs, scale, mold, pt, mnew, 1, first, last);
+    return FA_NAME(qt_scores_body)(qt, nrt, D, k, rs, scale, mold, pt, mnew, 0, NULL, NULL);
+}
+
+/* The weights of keys c + 8 i (i = 0 .. 7) for eight rows (from p, maxima
+ * mv) in place, and their sum from +0 in that order: lane c of tile_exp's
+ * register of sums. */
+static FA_ALWAYS_INLINE FA_TARGET __m256 FA_NAME(qt_part)(float *p, int c, __m256 mv)
+{
+    const __m256 log2e = _mm256_set1_ps(FA_LOG2E), ninf = _mm256_set1_ps(-INFINITY),
+                 lo = _mm256_set1_ps(EXP2_NORMAL_LO);
+    __m256 sum = _mm256_setzero_ps();
+    int i;
+    for (i = 0; i < 8; i++) {
+        float *s = p + (int64_t)(c + 8 * i) * FA_BQ;
+        const __m256 x = _mm256_loadu_ps(s);
+        const __m256 y = _mm256_mul_ps(_mm256_sub_ps(x, mv), log2e);
+        const __m256 masked = _mm256_cmp_ps(x, ninf, _CMP_EQ_OQ);
+        const __m256 ok = _mm256_or_ps(masked, _mm256_cmp_ps(y, lo, _CMP_GE_OQ));
+        __m256 e = _mm256_movemask_ps(ok) == 0xFF ? exp2_normal_avx2(y) : exp2_nonpos_avx2(y);
+        e = _mm256_andnot_ps(masked, e); /* -inf: exactly 0 */
+        _mm256_storeu_ps(s, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    return sum;
+}
+
+/* qt_exp_avx512's contract, eight rows a register: each row's sum hsum_avx2's
+ * order over the partial sums of keys c, c + 8, ..., c + 56. */
+static FA_TARGET int FA_NAME(qt_exp)(float *pt, int64_t nrt, const float *mnew, float *sum)
+{
+    __m256 bad = _mm256_setzero_ps();
+    int64_t r;
+    for (r = 0; r < nrt; r += 8) {
+        const __m256 mv = _mm256_loadu_ps(mnew + r);
+        float *p = pt + r;
+        const __m256 t0 = _mm256_add_ps(FA_NAME(qt_part)(p, 0, mv), FA_NAME(qt_part)(p, 4, mv));
+        const __m256 t2 = _mm256_add_ps(FA_NAME(qt_part)(p, 2, mv), FA_NAME(qt_part)(p, 6, mv));
+        const __m256 t1 = _mm256_add_ps(FA_NAME(qt_part)(p, 1, mv), FA_NAME(qt_part)(p, 5, mv));
+        const __m256 t3 = _mm256_add_ps(FA_NAME(qt_part)(p, 3, mv), FA_NAME(qt_part)(p, 7, mv));
+        const __m256 t = _mm256_add_ps(_mm256_add_ps(t0, t2), _mm256_add_ps(t1, t3));
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(t, t, _CMP_UNORD_Q));
+        _mm256_storeu_ps(sum + r, t);
+    }
+    return !_mm256_movemask_ps(bad);
+}
+#endif
+
 /* Eight half-precision elements (the bits in h) of dtype dt as float32:
  * F16C's exact float16 conversion, bfloat16 by a shift into the top half. */
 static FA_ALWAYS_INLINE FA_TARGET __m256 cvt8_avx2(__m128i h, int dt)

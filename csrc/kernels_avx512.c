@@ -254,7 +254,9 @@ static FA_TARGET double tile_exp_avx512(float *s, int64_t nc, float m)
  * general path.
  */
 #define FA_HAVE_QT_TILE 1
-typedef char fa_avx512_qt_geometry[FA_BQ % 32 == 0 && FA_BK == 64 ? 1 : -1];
+#define FA_QT_LANES 16
+#define FA_QT_ROWS 32
+typedef char fa_avx512_qt_keys[FA_BK == 64 ? 1 : -1];
 
 /* pt[j * FA_BQ + r] = scale (q_r . k_j) for the tile's 64 keys (k: row j at
  * k + j rs) and the rows r < nrt (a multiple of 32), -inf for a key outside
