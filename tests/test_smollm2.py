@@ -163,8 +163,9 @@ def test_loader_reads_config_and_weights(tmp_path):
     p = model.weights
     for a in p.values():
         assert a.dtype == np.float32
-    # the tied output layer is the embedding array itself (no copy)
-    assert p["lm_head"] is p["embed"]
+    # the tied output layer is the embeddings, stored (in, out) like the other layers
+    assert p["lm_head"].shape == (c.hidden, c.vocab_size) and p["lm_head"].flags.c_contiguous
+    np.testing.assert_array_equal(p["lm_head"], p["embed"].T)
     np.testing.assert_array_equal(p["embed"], stored["token_embd.weight"])
     # v and the output projection are F32: stored (in, out)
     np.testing.assert_array_equal(p["0.qkv"][:, 48:], stored["blk.0.attn_v.weight"].T)

@@ -168,7 +168,7 @@ def _matmul_ceiling(model, steps=10):
             x @ o
             x @ gate_up
             a @ down
-        x @ p["lm_head"].T
+        x @ p["lm_head"]
 
     step()
     times = []
