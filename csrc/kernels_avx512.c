@@ -655,6 +655,29 @@ static FA_ALWAYS_INLINE FA_TARGET void transpose8_epi16_avx512(__m256i h[8])
     h[7] = _mm256_unpackhi_epi64(u3, u7);
 }
 
+/* The same 8 x 8 transpose of 16-bit elements in each of the four 128-bit
+ * lanes of eight zmm registers: h[i] = row i (four runs of eight elements)
+ * -> lane l of h[e] holds element e of run l of rows 0-7. */
+static FA_ALWAYS_INLINE FA_TARGET void transpose8_epi16_x4_avx512(__m512i h[8])
+{
+    const __m512i t0 = _mm512_unpacklo_epi16(h[0], h[1]), t1 = _mm512_unpackhi_epi16(h[0], h[1]);
+    const __m512i t2 = _mm512_unpacklo_epi16(h[2], h[3]), t3 = _mm512_unpackhi_epi16(h[2], h[3]);
+    const __m512i t4 = _mm512_unpacklo_epi16(h[4], h[5]), t5 = _mm512_unpackhi_epi16(h[4], h[5]);
+    const __m512i t6 = _mm512_unpacklo_epi16(h[6], h[7]), t7 = _mm512_unpackhi_epi16(h[6], h[7]);
+    const __m512i u0 = _mm512_unpacklo_epi32(t0, t2), u1 = _mm512_unpackhi_epi32(t0, t2);
+    const __m512i u2 = _mm512_unpacklo_epi32(t1, t3), u3 = _mm512_unpackhi_epi32(t1, t3);
+    const __m512i u4 = _mm512_unpacklo_epi32(t4, t6), u5 = _mm512_unpackhi_epi32(t4, t6);
+    const __m512i u6 = _mm512_unpacklo_epi32(t5, t7), u7 = _mm512_unpackhi_epi32(t5, t7);
+    h[0] = _mm512_unpacklo_epi64(u0, u4);
+    h[1] = _mm512_unpackhi_epi64(u0, u4);
+    h[2] = _mm512_unpacklo_epi64(u1, u5);
+    h[3] = _mm512_unpackhi_epi64(u1, u5);
+    h[4] = _mm512_unpacklo_epi64(u2, u6);
+    h[5] = _mm512_unpackhi_epi64(u2, u6);
+    h[6] = _mm512_unpacklo_epi64(u3, u7);
+    h[7] = _mm512_unpackhi_epi64(u3, u7);
+}
+
 /* One block of sixteen keys (few_scores_n_avx512): key i's row at kr[i]
  * when kr is given (a block that runs past the tile's last key), else at kb +
  * i rse (kr NULL in the inlined copy for whole blocks: the addresses are then
@@ -675,7 +698,51 @@ static FA_ALWAYS_INLINE FA_TARGET void few_block_avx512(const float *q, const in
     int r, i;
     for (r = 0; r < nr; r++)
         acc[r] = _mm512_setzero_ps();
-    for (d = 0; d + step <= D; d += step) {
+    d = 0;
+    if (dt == FA_DTYPE_F16)
+        for (; d + 32 <= D; d += 32) {
+            /* 32 elements (64 bytes) of each key a step, no inserts: keys 0-7
+             * and 8-15 transposed in each 128-bit lane (a[e], b[e]: element
+             * 8 l + e of the eight keys in lane l), their lanes paired by a
+             * two-source permute (low half: element e of the sixteen keys in
+             * order, high half: element 8 + e; then 16 + e and 24 + e) and
+             * converted sixteen at a time */
+            const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
+            const __m512i hi = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+            __m512i a[8], b[8];
+            int qd;
+            if (ahead && ((d * 2) & 63) == 0) {
+                if (contig && !kr)
+                    for (i = 0; i < 16; i++)
+                        fa_prefetch_rows(kb + ahead + d * 2 * 16 + 64 * i, 0, 1);
+                else
+                    for (i = 0; i < 16; i++)
+                        fa_prefetch_rows(FA_KEY(i), ahead + d * 2, contig);
+            }
+            for (i = 0; i < 8; i++) {
+                a[i] = _mm512_loadu_si512((const void *)(FA_KEY(i) + d * 2));
+                b[i] = _mm512_loadu_si512((const void *)(FA_KEY(i + 8) + d * 2));
+            }
+            transpose8_epi16_x4_avx512(a);
+            transpose8_epi16_x4_avx512(b);
+            for (i = 0; i < 8; i++) {
+                const __m512i x = a[i];
+                a[i] = _mm512_permutex2var_epi64(x, lo, b[i]);
+                b[i] = _mm512_permutex2var_epi64(x, hi, b[i]);
+            }
+#pragma GCC unroll 4
+            for (qd = 0; qd < 4; qd++)
+#pragma GCC unroll 8
+                for (i = 0; i < 8; i++) {
+                    const __m512i x = qd < 2 ? a[i] : b[i];
+                    const __m512 zi = _mm512_cvtph_ps(qd & 1 ? _mm512_extracti64x4_epi64(x, 1)
+                                                             : _mm512_castsi512_si256(x));
+                    for (r = 0; r < nr; r++)
+                        acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r * D + d + 8 * qd + i]), zi,
+                                                 acc[r]);
+                }
+        }
+    for (; d + step <= D; d += step) {
         __m512 z[8];
         if (ahead && ((d * esz) & 63) == 0) {
             if (contig && !kr) /* the block's rows are one run: fetched in line order */
@@ -687,22 +754,20 @@ static FA_ALWAYS_INLINE FA_TARGET void few_block_avx512(const float *q, const in
         }
         if (dt == FA_DTYPE_BF16) {
             const __m512i hi16 = _mm512_set1_epi32((int)0xFFFF0000u);
-            __m512 o[8];
-            for (i = 0; i < 8; i++) {
-                const __m512i x = _mm512_inserti64x4(
+            for (i = 0; i < 8; i++)
+                z[i] = _mm512_castsi512_ps(_mm512_inserti64x4(
                     _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(FA_KEY(i) + d * 2))),
-                    _mm256_loadu_si256((const __m256i *)(FA_KEY(i + 8) + d * 2)), 1);
-                z[i] = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));  /* elements 2e */
-                o[i] = _mm512_castsi512_ps(_mm512_and_si512(x, hi16)); /* elements 2e + 1 */
-            }
+                    _mm256_loadu_si256((const __m256i *)(FA_KEY(i + 8) + d * 2)), 1));
             transpose_halves_avx512(z);
-            transpose_halves_avx512(o);
 #pragma GCC unroll 8
             for (i = 0; i < 8; i++) {
+                const __m512i x = _mm512_castps_si512(z[i]);
+                const __m512 ev = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+                const __m512 od = _mm512_castsi512_ps(_mm512_and_si512(x, hi16));
                 for (r = 0; r < nr; r++)
-                    acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r * D + d + 2 * i]), z[i], acc[r]);
+                    acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r * D + d + 2 * i]), ev, acc[r]);
                 for (r = 0; r < nr; r++)
-                    acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r * D + d + 2 * i + 1]), o[i],
+                    acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r * D + d + 2 * i + 1]), od,
                                              acc[r]);
             }
         } else if (dt == FA_DTYPE_F16) {
@@ -713,9 +778,8 @@ static FA_ALWAYS_INLINE FA_TARGET void few_block_avx512(const float *q, const in
             __m256i h[8];
             for (i = 0; i < 8; i++)
                 h[i] = _mm256_inserti128_si256(
-                    _mm256_castsi128_si256(
-                        _mm_loadu_si128((const __m128i *)(FA_KEY(FA_PERM16[i]) + d * 2))),
-                    _mm_loadu_si128((const __m128i *)(FA_KEY(FA_PERM16[i + 8]) + d * 2)), 1);
+                    _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(FA_KEY(i) + d * 2))),
+                    _mm_loadu_si128((const __m128i *)(FA_KEY(i + 8) + d * 2)), 1);
             transpose8_epi16_avx512(h);
             for (i = 0; i < 8; i++) {
                 const __m512 zi = _mm512_cvtph_ps(h[i]);
@@ -734,14 +798,15 @@ static FA_ALWAYS_INLINE FA_TARGET void few_block_avx512(const float *q, const in
     for (; d < D; d++) { /* the last D mod step elements: the keys in FA_PERM16's order */
         float c[16];
         __m512 cv;
-        for (i = 0; i < 16; i++)
-            c[i] = fa_load_elem(FA_KEY(FA_PERM16[i]), d, dt);
+        for (i = 0; i < 16; i++) /* (float16: the keys in order) */
+            c[i] = fa_load_elem(FA_KEY(dt == FA_DTYPE_F16 ? i : FA_PERM16[i]), d, dt);
         cv = _mm512_loadu_ps(c);
         for (r = 0; r < nr; r++)
             acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r * D + d]), cv, acc[r]);
     }
     for (r = 0; r < nr; r++) /* (the sixteen columns lie in the row: nk <= FA_BK) */
-        _mm512_storeu_ps(s + r * FA_BK, _mm512_shuffle_f32x4(acc[r], acc[r], 0xD8));
+        _mm512_storeu_ps(s + r * FA_BK, dt == FA_DTYPE_F16 ? acc[r]
+                                                           : _mm512_shuffle_f32x4(acc[r], acc[r], 0xD8));
 #undef FA_KEY
 }
 

@@ -123,14 +123,16 @@ def test_decode_non_finite_or_huge_values_inside_the_span(simd, rng):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_decode_half_precision_kv_matches_the_general_path(simd, rng, dtype):
+# D: the few-rows scores' steps of 32, 16 and 8 elements and the last ones
+@pytest.mark.parametrize("D,Dv", [(24, 20), (45, 32), (128, 128)])
+def test_decode_half_precision_kv_matches_the_general_path(simd, rng, dtype, D, Dv):
     if dtype == "bfloat16":
         ml_dtypes = pytest.importorskip("ml_dtypes")
         dt = ml_dtypes.bfloat16
     else:
         dt = np.float16
     L, S = 30, 1100
-    q, k, v = qkv(rng, (1, 8, L, 24), (1, 2, S, 24), (1, 2, S, 20))
+    q, k, v = qkv(rng, (1, 8, L, D), (1, 2, S, D), (1, 2, S, Dv))
     k, v = k.astype(dt), v.astype(dt)
     full = _sdpa(q, k, v)
     for i in (0, L - 1):
