@@ -260,16 +260,24 @@ typedef char FA_NAME(qt_keys)[FA_BK == 64 ? 1 : -1];
 static FA_ALWAYS_INLINE FA_TARGET int FA_NAME(qt_scores_body)(
     const float *qt, int64_t nrt, int64_t D, const float *k, int64_t rs, float scale,
     const float *mold, float *pt, float *mnew, const int bounded, const int32_t *first,
-    const int32_t *last)
+    const int32_t *last, const int alibi, const float *slope, const float *base)
 {
     const __m256 sv = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY),
-                 pinf = _mm256_set1_ps(INFINITY);
+                 pinf = _mm256_set1_ps(INFINITY), absmask = _mm256_castsi256_ps(
+                                                      _mm256_set1_epi32(0x7FFFFFFF));
     __m256 bad = _mm256_setzero_ps();
     int64_t p, g, d;
     for (p = 0; p < nrt; p += 16) { /* rows p .. p + 15: two blocks of eight */
         const float *q0 = qt + p * D, *q1 = q0 + 8 * D;
         __m256 mx0 = ninf, mx1 = ninf;
         __m256i f0 = _mm256_setzero_si256(), f1 = f0, l0 = f0, l1 = f0;
+        __m256 sl0 = _mm256_setzero_ps(), sl1 = sl0, bs0 = sl0, bs1 = sl0;
+        if (alibi) {
+            sl0 = _mm256_loadu_ps(slope + p);
+            sl1 = _mm256_loadu_ps(slope + p + 8);
+            bs0 = _mm256_loadu_ps(base + p);
+            bs1 = _mm256_loadu_ps(base + p + 8);
+        }
         if (bounded) {
             f0 = _mm256_loadu_si256((const __m256i *)(first + p));
             f1 = _mm256_loadu_si256((const __m256i *)(first + p + 8));
@@ -291,6 +299,11 @@ static FA_ALWAYS_INLINE FA_TARGET int FA_NAME(qt_scores_body)(
 #define FA_STORE(j)                                                                            \
     {                                                                                          \
         __m256 s0 = _mm256_mul_ps(a##j, sv), s1 = _mm256_mul_ps(b##j, sv);                     \
+        if (alibi) { /* |base - j|: exact below 2**24 */                                       \
+            const __m256 jv = _mm256_set1_ps((float)(g + (j)));                                \
+            s0 = _mm256_sub_ps(s0, _mm256_mul_ps(sl0, _mm256_and_ps(_mm256_sub_ps(bs0, jv), absmask))); \
+            s1 = _mm256_sub_ps(s1, _mm256_mul_ps(sl1, _mm256_and_ps(_mm256_sub_ps(bs1, jv), absmask))); \
+        }                                                                                      \
         if (bounded) {                                                                         \
             const __m256i kk = _mm256_set1_epi32((int)g + (j));                                \
             FA_ALLOW(s0, f0, l0)                                                               \
@@ -327,11 +340,16 @@ static FA_ALWAYS_INLINE FA_TARGET int FA_NAME(qt_scores_body)(
 
 static FA_TARGET int FA_NAME(qt_scores)(const float *qt, int64_t nrt, int64_t D, const float *k,
                                         int64_t rs, float scale, const float *mold, float *pt,
-                                        float *mnew, const int32_t *first, const int32_t *last)
+                                        float *mnew, const int32_t *first, const int32_t *last,
+                                        const float *slope, const float *base)
 {
-    if (first)
-        return FA_NAME(qt_scores_body)(qt, nrt, D, k, rs, scale, mold, pt, mnew, 1, first, last);
-    return FA_NAME(qt_scores_body)(qt, nrt, D, k, rs, scale, mold, pt, mnew, 0, NULL, NULL);
+#define FA_QT_CALL(bd, al)                                                                     \
+    FA_NAME(qt_scores_body)(qt, nrt, D, k, rs, scale, mold, pt, mnew, bd, first, last, al,     \
+                            slope, base)
+    if (slope)
+        return first ? FA_QT_CALL(1, 1) : FA_QT_CALL(0, 1);
+    return first ? FA_QT_CALL(1, 0) : FA_QT_CALL(0, 0);
+#undef FA_QT_CALL
 }
 
 /* The weights of keys c + 8 i (i = 0 .. 7) for eight rows (from p, maxima

@@ -241,8 +241,9 @@ static FA_TARGET double tile_exp_avx512(float *s, int64_t nc, float m)
 }
 
 /*
- * Key tiles that every row of a unit takes whole, with no mask, soft cap,
- * ALiBi or general segment ids (kernels.inc's qt_tile): the scores with the
+ * Whole key tiles of units with no float mask, soft cap or general segment
+ * ids (kernels.inc's qt_tile: a row's bounds, a shared key-padding mask and
+ * ALiBi come in as -inf or the bias, lane by lane): the scores with the
  * unit's rows as the lanes. q^T in blocks of sixteen rows (row r, element d
  * at (r / 16) 16 D + 16 d + r % 16), each key's element broadcast from k's
  * row in place, so a tile needs no packed copy of k, and a row's maximum and
@@ -261,23 +262,32 @@ typedef char fa_avx512_qt_keys[FA_BK == 64 ? 1 : -1];
 /* pt[j * FA_BQ + r] = scale (q_r . k_j) for the tile's 64 keys (k: row j at
  * k + j rs) and the rows r < nrt (a multiple of 32), -inf for a key outside
  * the row's [first[r], last[r]) where bounded (first, last: int32 offsets
- * within the tile); mnew[r] = the larger of the row's largest score and
+ * within the tile); with ALiBi, minus slope[r] |base[r] - j| (scale_pass's
+ * operations: the product rounded, then the difference); mnew[r] = the larger of the row's largest score and
  * mold[r]. 0 if an mnew is NaN or +inf (a NaN or infinite score or running
  * maximum: the tile is then redone on the general path); NaN scores that the
  * maximum leaves out show in the sums (qt_exp). */
 static FA_ALWAYS_INLINE FA_TARGET int qt_scores_body_avx512(
     const float *qt, int64_t nrt, int64_t D, const float *k, int64_t rs, float scale,
     const float *mold, float *pt, float *mnew, const int bounded, const int32_t *first,
-    const int32_t *last)
+    const int32_t *last, const int alibi, const float *slope, const float *base)
 {
     const __m512 sv = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY),
                  pinf = _mm512_set1_ps(INFINITY);
+    const __m512i absmask = _mm512_set1_epi32(0x7FFFFFFF);
     __mmask16 bad = 0;
     int64_t p, g, d;
     for (p = 0; p < nrt; p += 32) { /* rows p .. p + 31: two blocks of sixteen */
         const float *q0 = qt + p * D, *q1 = q0 + 16 * D;
         __m512 mx0 = ninf, mx1 = ninf;
         __m512i f0 = _mm512_setzero_si512(), f1 = f0, w0 = f0, w1 = f0;
+        __m512 sl0 = _mm512_setzero_ps(), sl1 = sl0, bs0 = sl0, bs1 = sl0;
+        if (alibi) {
+            sl0 = _mm512_loadu_ps(slope + p);
+            sl1 = _mm512_loadu_ps(slope + p + 16);
+            bs0 = _mm512_loadu_ps(base + p);
+            bs1 = _mm512_loadu_ps(base + p + 16);
+        }
         if (bounded) { /* key kk allowed: kk - first < last - first, unsigned */
             f0 = _mm512_loadu_si512(first + p);
             f1 = _mm512_loadu_si512(first + p + 16);
@@ -296,6 +306,13 @@ static FA_ALWAYS_INLINE FA_TARGET int qt_scores_body_avx512(
 #define FA_STORE(j)                                                                            \
     {                                                                                          \
         __m512 s0 = _mm512_mul_ps(a##j, sv), s1 = _mm512_mul_ps(b##j, sv);                     \
+        if (alibi) { /* |base - j|: exact below 2**24 */                                       \
+            const __m512 jv = _mm512_set1_ps((float)(g + (j)));                                \
+            s0 = _mm512_sub_ps(s0, _mm512_mul_ps(sl0, _mm512_castsi512_ps(_mm512_and_si512(     \
+                                   _mm512_castps_si512(_mm512_sub_ps(bs0, jv)), absmask))));   \
+            s1 = _mm512_sub_ps(s1, _mm512_mul_ps(sl1, _mm512_castsi512_ps(_mm512_and_si512(     \
+                                   _mm512_castps_si512(_mm512_sub_ps(bs1, jv)), absmask))));   \
+        }                                                                                      \
         if (bounded) {                                                                         \
             const __m512i kk = _mm512_set1_epi32((int)g + (j));                                \
             s0 = _mm512_mask_mov_ps(ninf, _mm512_cmplt_epu32_mask(_mm512_sub_epi32(kk, f0), w0), s0); \
@@ -330,11 +347,16 @@ static FA_ALWAYS_INLINE FA_TARGET int qt_scores_body_avx512(
 
 static FA_TARGET int qt_scores_avx512(const float *qt, int64_t nrt, int64_t D, const float *k,
                                       int64_t rs, float scale, const float *mold, float *pt,
-                                      float *mnew, const int32_t *first, const int32_t *last)
+                                      float *mnew, const int32_t *first, const int32_t *last,
+                                      const float *slope, const float *base)
 {
-    if (first)
-        return qt_scores_body_avx512(qt, nrt, D, k, rs, scale, mold, pt, mnew, 1, first, last);
-    return qt_scores_body_avx512(qt, nrt, D, k, rs, scale, mold, pt, mnew, 0, NULL, NULL);
+#define FA_QT_CALL(bd, al)                                                                     \
+    qt_scores_body_avx512(qt, nrt, D, k, rs, scale, mold, pt, mnew, bd, first, last, al, slope, \
+                          base)
+    if (slope)
+        return first ? FA_QT_CALL(1, 1) : FA_QT_CALL(0, 1);
+    return first ? FA_QT_CALL(1, 0) : FA_QT_CALL(0, 0);
+#undef FA_QT_CALL
 }
 
 /* The weights of key c + 16 i (i = 0 .. 3) for sixteen rows (pt as

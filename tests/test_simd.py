@@ -215,6 +215,12 @@ def test_whole_tile_kernels_give_the_general_paths_bits(simd, D, L, S):
                                                              return_lse=True)
         np.testing.assert_array_equal(out.view(np.uint32), ref.view(np.uint32), err_msg=str(kw))
         np.testing.assert_array_equal(lse.view(np.uint32), ref_lse.view(np.uint32))
+    slopes = np.float32(2.0) ** -np.arange(1, 7, dtype=np.float32).reshape(2, 3)
+    for kw, allowed in cases[:3]:  # ALiBi's bias on the same tiles
+        out = fastattn.scaled_dot_product_attention(q, k, v, alibi_slopes=slopes, **kw)
+        full = np.ascontiguousarray(np.broadcast_to(allowed, (2, 3, L, S)))
+        ref = fastattn.scaled_dot_product_attention(q, k, v, alibi_slopes=slopes, attn_mask=full)
+        np.testing.assert_array_equal(out.view(np.uint32), ref.view(np.uint32), err_msg=str(kw))
     # a NaN score in one tile (a NaN in one key): that tile and the rows it
     # reaches as the general path has them
     k[0, 1, S // 2, 3] = np.nan
