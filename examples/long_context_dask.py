@@ -18,7 +18,7 @@ the batch axis: one task per chunk, mapped over the workers.
     python examples/long_context_dask.py --keys 262144   # smaller
     python examples/long_context_dask.py --threads 2     # fastattn threads per worker
 
-Needs the optional extra: ``pip install "fastattn[dask]"``.
+Needs the optional extra: ``pip install ".[dask]"`` (from the project's directory).
 """
 import argparse
 import resource

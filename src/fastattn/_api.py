@@ -532,6 +532,11 @@ _ATTENTION_RULES = """
     ``k.astype(np.float32)`` and ``v.astype(np.float32)``. A score whose exact value exceeds the float32 range
     (about 3.4e38, e.g. ``q . k`` of entries near 1e20) becomes +-inf and the
     rules above apply, where the float64 reference still has a finite score.
+    Likewise each row's weighted sum of v is accumulated before the division
+    by the sum of the weights (the online softmax of FlashAttention): where
+    that sum, ``sum_j exp(s_ij - m) * v_j``, exceeds the float32 range (values
+    near 1e37 and above on many keys of similar weight) the output is +-inf
+    although the exact average of v's rows is finite.
     ALiBi distances ``|p_i - j|`` are exact below 2**24; ``tanh`` is within
     4 float32 ulps.
 """

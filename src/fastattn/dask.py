@@ -15,7 +15,7 @@ it more, call :func:`set_worker_threads` once per cluster (a worker plugin that
 calls :func:`fastattn.set_num_threads` in each worker, new ones included); keep
 threads x worker threads x workers on a host at most its cores.
 
-Needs the optional extra: ``pip install "fastattn[dask]"`` (``dask[array]`` and
+Needs the optional extra: ``pip install ".[dask]"`` from the project's directory (``dask[array]`` and
 ``distributed``).
 """
 import itertools
@@ -31,7 +31,8 @@ try:
     from dask.highlevelgraph import HighLevelGraph
     from distributed.diagnostics.plugin import WorkerPlugin
 except ImportError as exc:  # pragma: no cover - the optional extra is missing
-    raise ImportError('fastattn.dask needs Dask: pip install "fastattn[dask]"') from exc
+    raise ImportError('fastattn.dask needs Dask: pip install ".[dask]" (from the project\'s '
+                      "directory), or dask[array] and distributed") from exc
 
 import fastattn
 from fastattn import _api
