@@ -260,7 +260,7 @@ typedef char FA_NAME(qt_keys)[FA_BK == 64 ? 1 : -1];
 static FA_ALWAYS_INLINE FA_TARGET int FA_NAME(qt_scores_body)(
     const float *qt, int64_t nrt, int64_t D, const float *k, int64_t rs, float scale,
     const float *mold, float *pt, float *mnew, const int bounded, const int32_t *first,
-    const int32_t *last, const int alibi, const float *slope, const float *base)
+    const int32_t *last, const int alibi, const float *slope, const float *base, int64_t nc)
 {
     const __m256 sv = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY),
                  pinf = _mm256_set1_ps(INFINITY), absmask = _mm256_castsi256_ps(
@@ -284,7 +284,7 @@ static FA_ALWAYS_INLINE FA_TARGET int FA_NAME(qt_scores_body)(
             l0 = _mm256_loadu_si256((const __m256i *)(last + p));
             l1 = _mm256_loadu_si256((const __m256i *)(last + p + 8));
         }
-        for (g = 0; g < FA_BK; g += 4) { /* keys g .. g + 3 */
+        for (g = 0; g < nc; g += 4) { /* keys g .. g + 3 */
             const float *kg = k + g * rs;
 #define FA_DECL(j) __m256 a##j = _mm256_setzero_ps(), b##j = _mm256_setzero_ps();
 #define FA_STEP(j)                                                                             \
@@ -341,27 +341,27 @@ static FA_ALWAYS_INLINE FA_TARGET int FA_NAME(qt_scores_body)(
 static FA_TARGET int FA_NAME(qt_scores)(const float *qt, int64_t nrt, int64_t D, const float *k,
                                         int64_t rs, float scale, const float *mold, float *pt,
                                         float *mnew, const int32_t *first, const int32_t *last,
-                                        const float *slope, const float *base)
+                                        const float *slope, const float *base, int64_t nc)
 {
 #define FA_QT_CALL(bd, al)                                                                     \
     FA_NAME(qt_scores_body)(qt, nrt, D, k, rs, scale, mold, pt, mnew, bd, first, last, al,     \
-                            slope, base)
+                            slope, base, nc)
     if (slope)
         return first ? FA_QT_CALL(1, 1) : FA_QT_CALL(0, 1);
     return first ? FA_QT_CALL(1, 0) : FA_QT_CALL(0, 0);
 #undef FA_QT_CALL
 }
 
-/* The weights of keys c + 8 i (i = 0 .. 7) for eight rows (from p, maxima
+/* The weights of keys c + 8 i (i = 0 .. n - 1) for eight rows (from p, maxima
  * mv) in place, and their sum from +0 in that order: lane c of tile_exp's
  * register of sums. */
-static FA_ALWAYS_INLINE FA_TARGET __m256 FA_NAME(qt_part)(float *p, int c, __m256 mv)
+static FA_ALWAYS_INLINE FA_TARGET __m256 FA_NAME(qt_part)(float *p, int c, __m256 mv, int n)
 {
     const __m256 log2e = _mm256_set1_ps(FA_LOG2E), ninf = _mm256_set1_ps(-INFINITY),
                  lo = _mm256_set1_ps(EXP2_NORMAL_LO);
     __m256 sum = _mm256_setzero_ps();
     int i;
-    for (i = 0; i < 8; i++) {
+    for (i = 0; i < n; i++) {
         float *s = p + (int64_t)(c + 8 * i) * FA_BQ;
         const __m256 x = _mm256_loadu_ps(s);
         const __m256 y = _mm256_mul_ps(_mm256_sub_ps(x, mv), log2e);
@@ -376,23 +376,33 @@ static FA_ALWAYS_INLINE FA_TARGET __m256 FA_NAME(qt_part)(float *p, int c, __m25
 }
 
 /* qt_exp_avx512's contract, eight rows a register: each row's sum hsum_avx2's
- * order over the partial sums of keys c, c + 8, ..., c + 56. */
-static FA_TARGET int FA_NAME(qt_exp)(float *pt, int64_t nrt, const float *mnew, float *sum)
+ * order over the partial sums of keys c, c + 8, ... below nc. */
+static FA_ALWAYS_INLINE FA_TARGET int FA_NAME(qt_exp_body)(float *pt, int64_t nrt,
+                                                           const float *mnew, float *sum,
+                                                           const int n)
 {
     __m256 bad = _mm256_setzero_ps();
     int64_t r;
     for (r = 0; r < nrt; r += 8) {
         const __m256 mv = _mm256_loadu_ps(mnew + r);
         float *p = pt + r;
-        const __m256 t0 = _mm256_add_ps(FA_NAME(qt_part)(p, 0, mv), FA_NAME(qt_part)(p, 4, mv));
-        const __m256 t2 = _mm256_add_ps(FA_NAME(qt_part)(p, 2, mv), FA_NAME(qt_part)(p, 6, mv));
-        const __m256 t1 = _mm256_add_ps(FA_NAME(qt_part)(p, 1, mv), FA_NAME(qt_part)(p, 5, mv));
-        const __m256 t3 = _mm256_add_ps(FA_NAME(qt_part)(p, 3, mv), FA_NAME(qt_part)(p, 7, mv));
+        const __m256 t0 = _mm256_add_ps(FA_NAME(qt_part)(p, 0, mv, n), FA_NAME(qt_part)(p, 4, mv, n));
+        const __m256 t2 = _mm256_add_ps(FA_NAME(qt_part)(p, 2, mv, n), FA_NAME(qt_part)(p, 6, mv, n));
+        const __m256 t1 = _mm256_add_ps(FA_NAME(qt_part)(p, 1, mv, n), FA_NAME(qt_part)(p, 5, mv, n));
+        const __m256 t3 = _mm256_add_ps(FA_NAME(qt_part)(p, 3, mv, n), FA_NAME(qt_part)(p, 7, mv, n));
         const __m256 t = _mm256_add_ps(_mm256_add_ps(t0, t2), _mm256_add_ps(t1, t3));
         bad = _mm256_or_ps(bad, _mm256_cmp_ps(t, t, _CMP_UNORD_Q));
         _mm256_storeu_ps(sum + r, t);
     }
     return !_mm256_movemask_ps(bad);
+}
+
+static FA_TARGET int FA_NAME(qt_exp)(float *pt, int64_t nrt, const float *mnew, float *sum,
+                                     int64_t nc)
+{
+    if (nc == FA_BK) /* (a whole tile: a constant count, unrolled) */
+        return FA_NAME(qt_exp_body)(pt, nrt, mnew, sum, FA_BK / 8);
+    return FA_NAME(qt_exp_body)(pt, nrt, mnew, sum, (int)(nc / 8));
 }
 #endif
 

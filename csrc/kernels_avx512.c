@@ -259,7 +259,8 @@ static FA_TARGET double tile_exp_avx512(float *s, int64_t nc, float m)
 #define FA_QT_ROWS 32
 typedef char fa_avx512_qt_keys[FA_BK == 64 ? 1 : -1];
 
-/* pt[j * FA_BQ + r] = scale (q_r . k_j) for the tile's 64 keys (k: row j at
+/* pt[j * FA_BQ + r] = scale (q_r . k_j) for the tile's first nc keys (a
+ * multiple of 16; k: row j at
  * k + j rs) and the rows r < nrt (a multiple of 32), -inf for a key outside
  * the row's [first[r], last[r]) where bounded (first, last: int32 offsets
  * within the tile); with ALiBi, minus slope[r] |base[r] - j| (scale_pass's
@@ -270,7 +271,7 @@ typedef char fa_avx512_qt_keys[FA_BK == 64 ? 1 : -1];
 static FA_ALWAYS_INLINE FA_TARGET int qt_scores_body_avx512(
     const float *qt, int64_t nrt, int64_t D, const float *k, int64_t rs, float scale,
     const float *mold, float *pt, float *mnew, const int bounded, const int32_t *first,
-    const int32_t *last, const int alibi, const float *slope, const float *base)
+    const int32_t *last, const int alibi, const float *slope, const float *base, int64_t nc)
 {
     const __m512 sv = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY),
                  pinf = _mm512_set1_ps(INFINITY);
@@ -294,7 +295,7 @@ static FA_ALWAYS_INLINE FA_TARGET int qt_scores_body_avx512(
             w0 = _mm512_max_epi32(_mm512_sub_epi32(_mm512_loadu_si512(last + p), f0), w0);
             w1 = _mm512_max_epi32(_mm512_sub_epi32(_mm512_loadu_si512(last + p + 16), f1), w1);
         }
-        for (g = 0; g < FA_BK; g += 8) { /* keys g .. g + 7 */
+        for (g = 0; g < nc; g += 8) { /* keys g .. g + 7 */
             const float *kg = k + g * rs;
 #define FA_DECL(j) __m512 a##j = _mm512_setzero_ps(), b##j = _mm512_setzero_ps();
 #define FA_STEP(j)                                                                             \
@@ -348,27 +349,27 @@ static FA_ALWAYS_INLINE FA_TARGET int qt_scores_body_avx512(
 static FA_TARGET int qt_scores_avx512(const float *qt, int64_t nrt, int64_t D, const float *k,
                                       int64_t rs, float scale, const float *mold, float *pt,
                                       float *mnew, const int32_t *first, const int32_t *last,
-                                      const float *slope, const float *base)
+                                      const float *slope, const float *base, int64_t nc)
 {
 #define FA_QT_CALL(bd, al)                                                                     \
     qt_scores_body_avx512(qt, nrt, D, k, rs, scale, mold, pt, mnew, bd, first, last, al, slope, \
-                          base)
+                          base, nc)
     if (slope)
         return first ? FA_QT_CALL(1, 1) : FA_QT_CALL(0, 1);
     return first ? FA_QT_CALL(1, 0) : FA_QT_CALL(0, 0);
 #undef FA_QT_CALL
 }
 
-/* The weights of key c + 16 i (i = 0 .. 3) for sixteen rows (pt as
+/* The weights of key c + 16 i (i = 0 .. n - 1) for sixteen rows (pt as
  * qt_scores left it, rows r .. r + 15 from p, maxima mv) in place, and their
  * sum from +0 in that order: lane c of tile_exp_avx512's register of sums. */
-static FA_ALWAYS_INLINE FA_TARGET __m512 qt_part_avx512(float *p, int c, __m512 mv)
+static FA_ALWAYS_INLINE FA_TARGET __m512 qt_part_avx512(float *p, int c, __m512 mv, int n)
 {
     const __m512 log2e = _mm512_set1_ps(FA_LOG2E), ninf = _mm512_set1_ps(-INFINITY),
                  lo = _mm512_set1_ps(-124.0f);
     __m512 sum = _mm512_setzero_ps();
     int i;
-    for (i = 0; i < 4; i++) {
+    for (i = 0; i < n; i++) {
         float *s = p + (int64_t)(c + 16 * i) * FA_BQ;
         const __m512 x = _mm512_loadu_ps(s);
         const __m512 y = _mm512_mul_ps(_mm512_sub_ps(x, mv), log2e);
@@ -384,9 +385,11 @@ static FA_ALWAYS_INLINE FA_TARGET __m512 qt_part_avx512(float *p, int c, __m512 
 
 /* pt's scores -> exp(s - mnew) in place for the rows r < nrt, and each row's
  * sum of them (float32, tile_exp_avx512's order: hsum16_avx512 over the
- * sixteen partial sums of keys c, c + 16, c + 32, c + 48). 0 if a sum is
+ * sixteen partial sums of keys c, c + 16, ... below nc). 0 if a sum is
  * NaN (a NaN score). */
-static FA_TARGET int qt_exp_avx512(float *pt, int64_t nrt, const float *mnew, float *sum)
+static FA_ALWAYS_INLINE FA_TARGET int qt_exp_body_avx512(float *pt, int64_t nrt,
+                                                         const float *mnew, float *sum,
+                                                         const int n)
 {
     __mmask16 bad = 0;
     int64_t r;
@@ -395,15 +398,23 @@ static FA_TARGET int qt_exp_avx512(float *pt, int64_t nrt, const float *mnew, fl
         const __m512 mv = _mm512_loadu_ps(mnew + r);
         __m512 t6[4], t;
         for (i = 0; i < 4; i++) /* hsum16_avx512's first two levels, lane by lane */
-            t6[i] = _mm512_add_ps(_mm512_add_ps(qt_part_avx512(pt + r, i + 12, mv),
-                                                qt_part_avx512(pt + r, i + 4, mv)),
-                                  _mm512_add_ps(qt_part_avx512(pt + r, i + 8, mv),
-                                                qt_part_avx512(pt + r, i, mv)));
+            t6[i] = _mm512_add_ps(_mm512_add_ps(qt_part_avx512(pt + r, i + 12, mv, n),
+                                                qt_part_avx512(pt + r, i + 4, mv, n)),
+                                  _mm512_add_ps(qt_part_avx512(pt + r, i + 8, mv, n),
+                                                qt_part_avx512(pt + r, i, mv, n)));
         t = _mm512_add_ps(_mm512_add_ps(t6[0], t6[2]), _mm512_add_ps(t6[1], t6[3]));
         bad |= _mm512_cmp_ps_mask(t, t, _CMP_UNORD_Q);
         _mm512_storeu_ps(sum + r, t);
     }
     return !bad;
+}
+
+static FA_TARGET int qt_exp_avx512(float *pt, int64_t nrt, const float *mnew, float *sum,
+                                   int64_t nc)
+{
+    if (nc == FA_BK) /* (a whole tile: a constant count, unrolled) */
+        return qt_exp_body_avx512(pt, nrt, mnew, sum, FA_BK / 16);
+    return qt_exp_body_avx512(pt, nrt, mnew, sum, (int)(nc / 16));
 }
 
 /* Sixteen half-precision elements (the bits in h) of dtype dt as float32:

@@ -188,7 +188,7 @@ def test_softcap_tanh_special_values(simd):
 
 
 @pytest.mark.parametrize("D", [16, 64, 72, 128])
-@pytest.mark.parametrize("L,S", [(100, 640), (300, 300), (33, 1100)])
+@pytest.mark.parametrize("L,S", [(100, 640), (300, 300), (33, 1100), (40, 33), (97, 17)])
 def test_whole_tile_kernels_give_the_general_paths_bits(simd, D, L, S):
     # Tiles of plain rows (no mask, or a shared key-padding mask that allows
     # the whole tile; causal and window bounds) may take a variant's own
