@@ -64,9 +64,10 @@ typedef struct {
     int64_t Dvp;      /* Dv rounded up to FA_NR */
     float *qpad;      /* FA_BQ x D    the unit's query rows, zero rows to a multiple of MR
                        * (row by row, or in MR-row blocks d by d: pack_rows) */
-    float *kt;        /* D x FA_BK    the key tile, transposed, zero padded */
-    float *qt;        /* FA_BQ x D    the unit's query rows in blocks of 16 rows, d by d
-                       * (a variant's whole-tile kernels: qt_tile) */
+    float *kt;        /* D x FA_BK    the key tile, transposed, zero padded (qt_tile: a
+                       * short tile's key rows as they are, zero rows after) */
+    float *qt;        /* FA_BQ x D    the unit's query rows in blocks of FA_QT_LANES rows,
+                       * d by d (a variant's rows-as-lanes kernels: qt_tile) */
     float *sc;        /* FA_BQ x FA_BK scores, then probabilities */
     float *vpad;      /* FA_BK x Dvp  the value tile, zero padded */
     float *tile;      /* FA_BQ x Dvp  one tile's P.V */
