@@ -188,16 +188,16 @@ def test_softcap_tanh_special_values(simd):
 
 
 @pytest.mark.parametrize("D", [16, 64, 72, 128])
-@pytest.mark.parametrize("L,S", [(100, 640), (300, 300), (33, 1100), (40, 33), (97, 17)])
+@pytest.mark.parametrize("L,S", [(100, 200), (120, 150), (33, 1100), (40, 33), (97, 17)])
 def test_whole_tile_kernels_give_the_general_paths_bits(simd, D, L, S):
     # Tiles of plain rows (no mask, or a shared key-padding mask that allows
     # the whole tile; causal and window bounds) may take a variant's own
     # kernels; the same rows through the general path (an explicit
     # per-query mask that allows the same keys) must give the same bits.
     rng = np.random.default_rng(D * 7 + L)
-    q = rng.standard_normal((2, 3, L, D), dtype=np.float32) * 2
-    k = rng.standard_normal((2, 3, S, D), dtype=np.float32)
-    v = rng.standard_normal((2, 3, S, D), dtype=np.float32)
+    q = rng.standard_normal((2, 1, L, D), dtype=np.float32) * 2
+    k = rng.standard_normal((2, 1, S, D), dtype=np.float32)
+    v = rng.standard_normal((2, 1, S, D), dtype=np.float32)
     j = np.arange(S)
     i = np.arange(L)[:, None] + S - L
     pad = np.ones((2, 1, 1, S), bool)
@@ -206,25 +206,25 @@ def test_whole_tile_kernels_give_the_general_paths_bits(simd, D, L, S):
         ({}, np.ones((L, S), bool)),
         ({"is_causal": True}, j <= i),
         ({"window": (90, 5)}, (j >= i - 90) & (j <= i + 5)),
-        ({"attn_mask": pad}, np.broadcast_to(pad, (2, 3, L, S))),
+        ({"attn_mask": pad}, np.broadcast_to(pad, (2, 1, L, S))),
     ]
     for kw, allowed in cases:
         out, lse = fastattn.scaled_dot_product_attention(q, k, v, return_lse=True, **kw)
-        full = np.ascontiguousarray(np.broadcast_to(allowed, (2, 3, L, S)))
+        full = np.ascontiguousarray(np.broadcast_to(allowed, (2, 1, L, S)))
         ref, ref_lse = fastattn.scaled_dot_product_attention(q, k, v, attn_mask=full,
                                                              return_lse=True)
         np.testing.assert_array_equal(out.view(np.uint32), ref.view(np.uint32), err_msg=str(kw))
         np.testing.assert_array_equal(lse.view(np.uint32), ref_lse.view(np.uint32))
-    slopes = np.float32(2.0) ** -np.arange(1, 7, dtype=np.float32).reshape(2, 3)
+    slopes = np.float32(2.0) ** -np.arange(1, 3, dtype=np.float32).reshape(2, 1)
     for kw, allowed in cases[:3]:  # ALiBi's bias on the same tiles
         out = fastattn.scaled_dot_product_attention(q, k, v, alibi_slopes=slopes, **kw)
-        full = np.ascontiguousarray(np.broadcast_to(allowed, (2, 3, L, S)))
+        full = np.ascontiguousarray(np.broadcast_to(allowed, (2, 1, L, S)))
         ref = fastattn.scaled_dot_product_attention(q, k, v, alibi_slopes=slopes, attn_mask=full)
         np.testing.assert_array_equal(out.view(np.uint32), ref.view(np.uint32), err_msg=str(kw))
     # a NaN score in one tile (a NaN in one key): that tile and the rows it
     # reaches as the general path has them
-    k[0, 1, S // 2, 3] = np.nan
+    k[1, 0, S // 2, 3] = np.nan
     out = fastattn.scaled_dot_product_attention(q, k, v)
-    ref = fastattn.scaled_dot_product_attention(q, k, v, attn_mask=np.ones((2, 3, L, S), bool))
+    ref = fastattn.scaled_dot_product_attention(q, k, v, attn_mask=np.ones((2, 1, L, S), bool))
     np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
     np.testing.assert_array_equal(out[~np.isnan(out)], ref[~np.isnan(ref)])
