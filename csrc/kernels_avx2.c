@@ -423,26 +423,43 @@ static FA_ALWAYS_INLINE FA_TARGET __m256 load8_avx2(const void *p, int dt)
     return cvt8_avx2(_mm_loadu_si128((const __m128i *)p), dt);
 }
 
-/* The 8 x 8 block r[0..7] (row l: 8 floats) transposed in registers: on
- * return r[i] holds element i of every row (lane l from row l). */
-static FA_ALWAYS_INLINE FA_TARGET void transpose8_avx2(__m256 r[8])
+/* Four elements at p of dtype dt (a constant at each call) as float32. */
+static FA_ALWAYS_INLINE FA_TARGET __m128 load4_avx2(const void *p, int dt)
 {
-    const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
-    const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
-    const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
-    const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
-    const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-    const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-    const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
-    const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-    r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
-    r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
-    r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
-    r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
-    r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
-    r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
-    r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
-    r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+    if (dt == FA_DTYPE_F32)
+        return _mm_loadu_ps((const float *)p);
+    if (dt == FA_DTYPE_F16)
+        return _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)p));
+    /* bfloat16: the bits into the top half of each lane */
+    return _mm_castsi128_ps(_mm_unpacklo_epi16(_mm_setzero_si128(),
+                                               _mm_loadl_epi64((const __m128i *)p)));
+}
+
+/* The 8 x 8 block of elements off .. off + 7 (bytes off from each row row[l],
+ * dtype dt) transposed: on return r[i] holds element i of every row (lane l
+ * from row l). Each register is loaded as two halves (rows l and l + 4), so
+ * the transposition takes in-lane shuffles only: no cross-lane permutes,
+ * which cost several micro-ops on CPUs with 128-bit vector units. */
+static FA_ALWAYS_INLINE FA_TARGET void load_transpose8_avx2(const char *row[8], int64_t off,
+                                                            int dt, __m256 r[8])
+{
+    const int64_t half = 4 * (int64_t)fa_dtype_size(dt);
+    int h, l;
+    for (h = 0; h < 2; h++) { /* elements off + 4h .. off + 4h + 3 */
+        __m256 x[4];
+        for (l = 0; l < 4; l++)
+            x[l] = _mm256_insertf128_ps(
+                _mm256_castps128_ps256(load4_avx2(row[l] + off + h * half, dt)),
+                load4_avx2(row[l + 4] + off + h * half, dt), 1);
+        {
+            const __m256 t0 = _mm256_unpacklo_ps(x[0], x[1]), t1 = _mm256_unpackhi_ps(x[0], x[1]);
+            const __m256 t2 = _mm256_unpacklo_ps(x[2], x[3]), t3 = _mm256_unpackhi_ps(x[2], x[3]);
+            r[4 * h] = _mm256_shuffle_ps(t0, t2, 0x44);
+            r[4 * h + 1] = _mm256_shuffle_ps(t0, t2, 0xEE);
+            r[4 * h + 2] = _mm256_shuffle_ps(t1, t3, 0x44);
+            r[4 * h + 3] = _mm256_shuffle_ps(t1, t3, 0xEE);
+        }
+    }
 }
 
 /* kt[d * FA_BK + jj] = k row jj, element d (k: key row j0, rows rs elements of
@@ -464,18 +481,19 @@ static FA_ALWAYS_INLINE FA_TARGET void pack_kt_dt_avx2(const void *k, int dt, in
     int64_t d0 = 0; /* elements of the keys from jb on done by a band of sixteen */
     for (jb = 0; jb < ncol; jb += 8) {
         if (jb + 8 <= nk) {
+            const char *rows[8];
 #ifdef FA_HAVE_KT_BAND16 /* (a variant that includes this file may bring it) */
             if ((jb & 15) == 0)
                 d0 = jb + 16 <= nk ? kt_band16_avx512(base, dt, rs, esz, jb, D, ahead, kt) : 0;
 #endif
+            for (i = 0; i < 8; i++)
+                rows[i] = base + (jb + i) * rs * esz;
             for (d = d0; d + 8 <= D; d += 8) {
                 __m256 r[8];
                 if (ahead && ((d * esz) & 63) == 0)
                     for (i = 0; i < 8; i++)
                         fa_prefetch(FA_ROW(i), ahead);
-                for (i = 0; i < 8; i++)
-                    r[i] = load8_avx2(FA_ROW(i), dt);
-                transpose8_avx2(r);
+                load_transpose8_avx2(rows, d * esz, dt, r);
                 for (i = 0; i < 8; i++)
                     _mm256_storeu_ps(kt + (d + i) * FA_BK + jb, r[i]);
             }
@@ -580,7 +598,7 @@ static FA_TARGET int FA_NAME(load_row)(const void *src, int dt, int64_t n, float
  * The few-rows kernels (see kernels.inc): the products of gemm_block_avx2 for
  * nr <= FA_FEW_ROWS query rows, k and v read in place. Scores: eight keys at
  * a time (rows rs elements of dtype dt apart, converted as pack_kt does),
- * transposed in registers (transpose8_avx2), one fused multiply-add per key
+ * transposed in registers (load_transpose8_avx2), one fused multiply-add per key
  * and step of d, d ascending from 0, as the micro-kernel does. nr and dt are
  * constants in each inlined copy, so the accumulators live in registers.
  */
@@ -606,9 +624,7 @@ static FA_ALWAYS_INLINE FA_TARGET void few_scores_n_avx2(const float *q, const i
             if (ahead && ((d * esz) & 63) == 0)
                 for (i = 0; i < 8; i++)
                     fa_prefetch_rows(kr[i], ahead + d * esz, contig);
-            for (i = 0; i < 8; i++)
-                c[i] = load8_avx2(kr[i] + d * esz, dt);
-            transpose8_avx2(c);
+            load_transpose8_avx2(kr, d * esz, dt, c);
             for (i = 0; i < 8; i++)
                 for (r = 0; r < nr; r++)
                     acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(q + r * D + d + i), c[i], acc[r]);
