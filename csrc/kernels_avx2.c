@@ -196,6 +196,25 @@ static inline FA_TARGET float hmin_avx2(__m256 v)
 /* 2**x is a normal float for x >= EXP2_NORMAL_LO (and x <= 0): exp2_normal_avx2 serves. */
 #define EXP2_NORMAL_LO -124.0f
 
+/* exp(x - m) = 2**((x - m) log2 e) of eight scores x (mv = m, a row's maximum),
+ * a score of -inf (a masked key, the padding of a short tile) exactly 0: lanes
+ * whose argument is at least EXP2_NORMAL_LO (a normal result; not NaN) take
+ * exp2_normal_avx2, others exp2_nonpos_avx2. Where every argument is (the
+ * common case) no lane is -inf and the mask is not formed: the same bits. */
+static FA_ALWAYS_INLINE FA_TARGET __m256 exp2_masked_avx2(__m256 x, __m256 mv, __m256 log2e,
+                                                          __m256 ninf, __m256 lo)
+{
+    const __m256 y = _mm256_mul_ps(_mm256_sub_ps(x, mv), log2e);
+    const __m256 big = _mm256_cmp_ps(y, lo, _CMP_GE_OQ);
+    __m256 masked;
+    if (_mm256_movemask_ps(big) == 0xFF)
+        return exp2_normal_avx2(y);
+    masked = _mm256_cmp_ps(x, ninf, _CMP_EQ_OQ);
+    return _mm256_andnot_ps(masked, _mm256_movemask_ps(_mm256_or_ps(masked, big)) == 0xFF
+                                        ? exp2_normal_avx2(y)
+                                        : exp2_nonpos_avx2(y)); /* -inf: exactly 0 */
+}
+
 #ifndef FA_HAVE_TILE_SOFTMAX /* (a variant that includes this file may bring its own) */
 #define FA_HAVE_TILE_SOFTMAX 1
 /* The tile softmax step, eight lanes at a time (see the portable versions). */
@@ -228,12 +247,7 @@ static FA_TARGET double FA_NAME(tile_exp)(float *s, int64_t nc, float m)
     __m256 sum = _mm256_setzero_ps();
     int jj;
     for (jj = 0; jj < nc; jj += 8) {
-        const __m256 x = _mm256_loadu_ps(s + jj);
-        const __m256 y = _mm256_mul_ps(_mm256_sub_ps(x, mv), log2e);
-        const __m256 masked = _mm256_cmp_ps(x, ninf, _CMP_EQ_OQ);
-        const __m256 ok = _mm256_or_ps(masked, _mm256_cmp_ps(y, lo, _CMP_GE_OQ));
-        __m256 p = _mm256_movemask_ps(ok) == 0xFF ? exp2_normal_avx2(y) : exp2_nonpos_avx2(y);
-        p = _mm256_andnot_ps(masked, p); /* -inf: exactly 0 */
+        const __m256 p = exp2_masked_avx2(_mm256_loadu_ps(s + jj), mv, log2e, ninf, lo);
         _mm256_storeu_ps(s + jj, p);
         sum = _mm256_add_ps(sum, p);
     }
@@ -363,12 +377,7 @@ static FA_ALWAYS_INLINE FA_TARGET __m256 FA_NAME(qt_part)(float *p, int c, __m25
     int i;
     for (i = 0; i < n; i++) {
         float *s = p + (int64_t)(c + 8 * i) * FA_BQ;
-        const __m256 x = _mm256_loadu_ps(s);
-        const __m256 y = _mm256_mul_ps(_mm256_sub_ps(x, mv), log2e);
-        const __m256 masked = _mm256_cmp_ps(x, ninf, _CMP_EQ_OQ);
-        const __m256 ok = _mm256_or_ps(masked, _mm256_cmp_ps(y, lo, _CMP_GE_OQ));
-        __m256 e = _mm256_movemask_ps(ok) == 0xFF ? exp2_normal_avx2(y) : exp2_nonpos_avx2(y);
-        e = _mm256_andnot_ps(masked, e); /* -inf: exactly 0 */
+        const __m256 e = exp2_masked_avx2(_mm256_loadu_ps(s), mv, log2e, ninf, lo);
         _mm256_storeu_ps(s, e);
         sum = _mm256_add_ps(sum, e);
     }
