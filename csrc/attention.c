@@ -201,9 +201,11 @@ static int check_args(const fa_attn_args *a, int nthreads)
     return FA_OK;
 }
 
-/* The geometry of the work units (see fa_unit). */
+/* The geometry of the work units (see fa_unit): query tile t is rows
+ * [t nq, (t + 1) nq), or with cuts [qcut[t], qcut[t + 1]) (at most nq rows). */
 typedef struct {
     int64_t G, kvh, nh, nhs, nq, nqt, nunits;
+    const int64_t *qcut;
 } fa_units;
 
 /* 1 if batch item b's k and v rows lie within those of item c (the same key
@@ -238,13 +240,57 @@ static int64_t row_groups(const fa_attn_args *a, int64_t G)
     return m;
 }
 
+/*
+ * Query tiles split where documents start (segment ids, the same for every
+ * batch item, non-decreasing along L for the queries and, as seg_sorted
+ * promises, for the keys): a tile of rows from two documents walks the keys
+ * of both for all of its rows. Each tile [t nq, (t + 1) nq) is cut at the
+ * rows where a document starts, leaving pieces of at least DOC_MIN_ROWS rows
+ * (shorter documents share a piece); the tiles keep their places, so a
+ * piece's rows meet the key tiles as before. A row's arithmetic does not
+ * depend on the rows that share its unit: the bits are the same. Fills
+ * cut[0..nqt] and returns nqt, or 0 where the tiles stay as they are (cut:
+ * room for L + 1).
+ */
+#define DOC_MIN_ROWS 16
+/* The room doc_tiles may fill for a: L + 1, or 0 where it never cuts. */
+static int64_t doc_tiles_room(const fa_attn_args *a)
+{
+    return a->seg_q && a->seg_sorted && a->L > 0 ? a->L + 1 : 0;
+}
+
+static int64_t doc_tiles(const fa_attn_args *a, int64_t nq, int64_t *cut)
+{
+    const int64_t *ids;
+    const int64_t sl = a->seg_q_sl;
+    int64_t b, i, s, t = 0;
+    if (!a->seg_q || !a->seg_sorted || sl == 0 || a->nbatch <= 0 || a->L <= nq)
+        return 0;
+    for (b = 1; b < a->nbatch; b++)
+        if (a->seg_q_off[b] != a->seg_q_off[0])
+            return 0;
+    ids = a->seg_q + a->seg_q_off[0];
+    for (i = 1; i < a->L; i++)
+        if (ids[i * sl] < ids[(i - 1) * sl])
+            return 0;
+    cut[0] = 0;
+    for (s = 0; s < a->L; s += nq) {
+        const int64_t e = s + nq < a->L ? s + nq : a->L;
+        for (i = s + DOC_MIN_ROWS; i <= e - DOC_MIN_ROWS; i++)
+            if (ids[i * sl] != ids[(i - 1) * sl] && i - cut[t] >= DOC_MIN_ROWS)
+                cut[++t] = i; /* a document starts at row i */
+        cut[++t] = e;
+    }
+    return t;
+}
+
 /* The units of a: groups of G items (several kv heads' groups, rows: see
  * row_groups) cut into slices of nh heads and tiles of nq query rows (a
  * unit holds at most FA_BQ rows). threads: the threads to feed, to let a unit
  * hold several kv heads (the SDPA kernel: as many as leave at least two
  * work items, units times key chunks, a thread), or 0 for one kv head a unit
- * (the weights). */
-static fa_units unit_geometry(const fa_attn_args *a, int threads)
+ * (the weights). cut: room for doc_tiles (doc_tiles_room(a)), or NULL. */
+static fa_units unit_geometry(const fa_attn_args *a, int threads, int64_t *cut)
 {
     fa_units g;
     g.G = a->nbatch > 0 ? kv_group(a) : 1;
@@ -264,9 +310,18 @@ static fa_units unit_geometry(const fa_attn_args *a, int threads)
     g.nq = FA_BQ / g.nh;                       /* query rows per head */
     g.nq = a->L < g.nq ? (a->L > 0 ? a->L : 1) : g.nq;
     g.nqt = (a->L + g.nq - 1) / g.nq;          /* query tiles */
+    g.qcut = NULL;
+    if (cut) {
+        const int64_t nqt = doc_tiles(a, g.nq, cut);
+        if (nqt > 0) {
+            g.nqt = nqt;
+            g.qcut = cut;
+        }
+    }
     g.nunits = a->L > 0 ? (a->nbatch / g.G) * g.nhs * g.nqt : 0;
     return g;
 }
+
 
 /* Unit n, the last query tiles first: under is_causal they see the most keys,
  * and handing the biggest units out first evens out the threads' ends. */
@@ -278,8 +333,13 @@ static fa_unit unit_at(const fa_attn_args *a, const fa_units *g, int64_t n, int6
     u.b0 = grp * g->G + hs * g->nh;
     u.nh = g->G - hs * g->nh < g->nh ? g->G - hs * g->nh : g->nh;
     u.kvh = g->kvh < g->G ? g->kvh : u.nh; /* (a unit of several kv heads holds them all) */
-    u.i0 = qt * g->nq;
-    u.nq = a->L - u.i0 < g->nq ? a->L - u.i0 : g->nq;
+    if (g->qcut) {
+        u.i0 = g->qcut[qt];
+        u.nq = g->qcut[qt + 1] - u.i0;
+    } else {
+        u.i0 = qt * g->nq;
+        u.nq = a->L - u.i0 < g->nq ? a->L - u.i0 : g->nq;
+    }
     u.chunk = chunk;
     return u;
 }
@@ -336,6 +396,7 @@ typedef struct {
 typedef struct {
     const fa_problem *pr;
     int64_t nprob;
+    int64_t *qcuts; /* the problems' document tiles (fa_units' qcut), one allocation */
     fa_item *items; /* nitems work items, then nfold fold items (split runs) */
     int64_t nitems, nfold;
     int64_t nrmax, Dvp; /* partials: rows per slot (the largest unit), floats per row */
@@ -382,6 +443,7 @@ static void plan_free(fa_plan *pl)
     free(pl->pl);
     free(pl->pacc);
     free(pl->vflags);
+    free(pl->qcuts);
 }
 
 
@@ -414,10 +476,21 @@ static int plan_build(const fa_attn_args *a, int64_t nprob, int split, int nthre
     if (!pr)
         return FA_ERR_NOMEM;
     pl->pr = pr;
+    { /* the document tiles of the problems with sorted segment ids */
+        size_t ncut = 0;
+        for (p = 0; p < nprob; p++)
+            ncut += (size_t)doc_tiles_room(&a[p]);
+        if (ncut > 0 && !(pl->qcuts = (int64_t *)malloc(ncut * sizeof(int64_t))))
+            return FA_ERR_NOMEM;
+        for (ncut = 0, p = 0; p < nprob; p++) {
+            pr[p].g = unit_geometry(&a[p], split ? nthreads : 0,
+                                    doc_tiles_room(&a[p]) > 0 ? pl->qcuts + ncut : NULL);
+            ncut += (size_t)doc_tiles_room(&a[p]);
+        }
+    }
     for (p = 0; p < nprob; p++) {
         const fa_attn_args *q = &a[p];
         pr[p].a = q;
-        pr[p].g = unit_geometry(q, split ? nthreads : 0);
         pr[p].index = p;
         pr[p].cost = 0.0;
         pr[p].vflag = NULL;

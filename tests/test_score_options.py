@@ -300,6 +300,33 @@ def test_segment_ids_equal_a_dense_bool_mask(rng, simd):
             np.testing.assert_allclose(lse, dlse, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("sizes", [[5, 40, 17, 100, 3, 60], [256], [16], [1, 2, 1], [97, 31]])
+def test_query_tiles_cut_at_documents_keep_the_bits(rng, simd, threads, sizes):
+    # One array of sorted ids for every batch item: the work units are cut
+    # where documents start. The same ids given per item (a copy each) keep
+    # the units of 96 rows from row 0; every row keeps its bits either way.
+    L = S = 300
+    q, k, v = qkv(rng, (2, 4, L, 16), (2, 2, S, 16), (2, 2, S, 8))
+    ids = _docs(L, sizes)
+    per_item = np.stack([ids, ids.copy()])[:, None, :]  # (2, 1, L): no cut
+    for kw in [{}, {"is_causal": True}, {"window": (40, 3)}, {"enable_gqa": True}]:
+        if kw.get("enable_gqa"):
+            qq, kk, vv = q, k, v
+        else:
+            qq, kk, vv = q, np.repeat(k, 2, axis=1), np.repeat(v, 2, axis=1)
+        want = fastattn.scaled_dot_product_attention(qq, kk, vv, segment_ids=per_item,
+                                                     return_lse=True, **kw)
+        for n in THREAD_COUNTS:
+            threads(n)
+            got = fastattn.scaled_dot_product_attention(qq, kk, vv, segment_ids=ids,
+                                                        return_lse=True, **kw)
+            assert_same_bits(got[0], want[0])
+            assert_same_bits(got[1], want[1])
+        assert_close(got[0], ref.scaled_dot_product_attention(qq, kk, vv, segment_ids=ids, **kw))
+        assert_same_bits(fastattn.attention_weights(qq, kk, segment_ids=ids, **kw),
+                         fastattn.attention_weights(qq, kk, segment_ids=per_item, **kw))
+
+
 def test_query_ids_missing_from_the_keys_give_empty_rows(rng, simd):
     q, k, v = qkv(rng, (3, 7, 4), (3, 9, 4), (3, 9, 2))
     q_ids = np.array([0, 0, 5, 1, 1, 9, 2])

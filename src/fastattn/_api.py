@@ -564,8 +564,11 @@ _NEW_KEYWORDS = """softcap : float, optional
         `is_causal` and ``L == S`` each document is causal on its own). When
         the key ids are non-decreasing along the sequence each query row's
         keys are one range, found by bisection, and the tiles outside it are
-        skipped: the cost is that of the documents, not of ``L x S``. Other
-        ids are checked key by key. A pair is a tuple, or a list of two
+        skipped: the cost is that of the documents, not of ``L x S``; when
+        the query ids are also non-decreasing and shared by every batch item
+        and head, the blocks of query rows are also cut where a document
+        starts, so that no block walks the keys of two documents (the same
+        bits). Other ids are checked key by key. A pair is a tuple, or a list of two
         arrays."""
 
 
