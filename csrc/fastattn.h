@@ -63,8 +63,10 @@ int fa_rowwise_f32(const float *x, float *out, int64_t nrows, int64_t n, int op,
  *
  * Query row i sits at key position p = i + S - L (bottom-right alignment).
  * Scores, in natural units and this order: s = scale (q . k); with softcap > 0,
- * s = softcap tanh(s / softcap); with alibi_slopes, s -= alibi_slopes[b] |p - j|;
- * plus the float mask. Key j is allowed iff the bool mask is true,
+ * s = softcap tanh(s / softcap); with alibi_slopes, s -= alibi_slopes[b]
+ * |p + alibi_shift - j| (alibi_shift: 0, or the offset of a block of a longer
+ * sequence, whose positions are not those of its own alignment); plus the
+ * float mask. Key j is allowed iff the bool mask is true,
  * !is_causal || j <= p, win_left < 0 || j >= p - win_left,
  * win_right < 0 || j <= p + win_right, and (with segment ids)
  * seg_q[seg_q_off[b] + i seg_q_sl] == seg_k[seg_k_off[b] + j seg_k_ss].
@@ -97,6 +99,7 @@ typedef struct {
     float scale;
     float softcap;               /* 0: off; else finite > 0 */
     const float *alibi_slopes;   /* nbatch slopes, or NULL */
+    int64_t alibi_shift;         /* added to p in ALiBi's |p - j| (0: none) */
     const float *sinks;          /* nbatch sink logits, or NULL */
     const int64_t *seg_q;        /* segment ids, or NULL (then seg_k is unused) */
     const int64_t *seg_k;

@@ -322,6 +322,33 @@ def test_score_options_pass_through(rng, kw, with_mask):
     _check(res, q, k, v, mask, enable_gqa=True, **mem)
 
 
+def test_alibi_off_the_diagonal_forms_no_mask_of_rows_and_keys(rng):
+    """A block pair off the diagonal gets ALiBi's global distances from the
+    kernel (its rows' positions shifted), not as a float mask of (heads, rows,
+    keys): here such a mask is 4 MiB a task, the whole computation's traced
+    peak stays under 1.5 MiB (also: the large blocks take the rows-as-lanes
+    kernels, whose ALiBi term then carries the shift)."""
+    import tracemalloc
+    H, L, D = 16, 768, 8
+    q, k, v = randn(rng, H, L, D), randn(rng, H, L, D), randn(rng, H, L, D)
+    slopes = rng.random(H).astype(np.float32)
+    res = fdask.scaled_dot_product_attention(
+        da.from_array(q, chunks=(-1, 256, -1)), da.from_array(k, chunks=(-1, 256, -1)),
+        da.from_array(v, chunks=(-1, 256, -1)), is_causal=True, alibi_slopes=slopes,
+        return_lse=True)
+    tracemalloc.start()
+    try:
+        o, lse = dask.compute(*res, scheduler="sync")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1.5 * 2**20, peak
+    want, want_lse = fastattn.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                           alibi_slopes=slopes, return_lse=True)
+    np.testing.assert_allclose(o, want, **TOL)
+    np.testing.assert_allclose(lse, want_lse, **TOL)
+
+
 def test_sinks_on_rows_without_keys(rng):
     """A query block with no key block still gets its sink: o = 0, lse = sink."""
     q, k, v = randn(rng, 4, 16, 4), randn(rng, 4, 4, 4), randn(rng, 4, 4, 2)

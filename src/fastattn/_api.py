@@ -382,9 +382,11 @@ def _kv_operand(arr):
     return arr.view(np.uint16), _core.DTYPE_BF16
 
 
-def _run_attention(a, result, lse=None, weights=False):
+def _run_attention(a, result, lse=None, weights=False, alibi_shift=0):
     """Run the attention kernel on validated inputs `a` (AttentionInputs) into
-    `result` (the output, or the weights when `weights`) and `lse`."""
+    `result` (the output, or the weights when `weights`) and `lse`.
+    alibi_shift: added to each query's position in ALiBi's |p - j| (a block
+    of a longer sequence: fastattn.dask)."""
     nbatch = math.prod(a.batch)
     if nbatch == 0:
         return
@@ -420,6 +422,7 @@ def _run_attention(a, result, lse=None, weights=False):
         get_num_threads(), weights, softcap=a.softcap,
         alibi_slopes=None if a.alibi_slopes is None else a.alibi_slopes.reshape(-1),
         sinks=None if a.sinks is None else a.sinks.reshape(-1), segments=segments,
+        alibi_shift=alibi_shift,
     )
 
 
@@ -574,7 +577,7 @@ _NEW_KEYWORDS = """softcap : float, optional
 
 
 def _sdpa(q, k, v, attn_mask, is_causal, window, scale, softcap, alibi_slopes, sinks,
-          segment_ids, enable_gqa, return_lse, out):
+          segment_ids, enable_gqa, return_lse, out, alibi_shift=0):
     if softcap is None and alibi_slopes is None and sinks is None and segment_ids is None:
         # The common call (float32 ndarrays with contiguous rows, at most a mask, an
         # out= it can take) in one step; None when it does not apply (see
@@ -595,7 +598,7 @@ def _sdpa(q, k, v, attn_mask, is_causal, window, scale, softcap, alibi_slopes, s
         out = np.empty(shape, np.float32)
     return_lse = as_bool(return_lse, "return_lse")
     lse = np.empty(a.batch + (a.L,), np.float32) if return_lse else None
-    _run_attention(a, out, lse)
+    _run_attention(a, out, lse, alibi_shift=alibi_shift)
     return (out, lse) if return_lse else out
 
 

@@ -40,6 +40,7 @@ cdef extern from "fastattn.h" nogil:
         float scale
         float softcap
         const float *alibi_slopes
+        int64_t alibi_shift
         const float *sinks
         const int64_t *seg_q
         const int64_t *seg_k

@@ -111,7 +111,7 @@ def attention(q, k, v, int k_dtype, int v_dtype,
               block_table=None, bt_off=None, int64_t block_size=0, int64_t num_pages=0,
               int64_t k_ps=0, int64_t v_ps=0,
               float softcap=0.0, alibi_slopes=None, sinks=None, segments=None,
-              varlen=None):
+              varlen=None, int64_t alibi_shift=0):
     """SDPA (weights=False: out is (nbatch*L*Dv), lse None or (nbatch*L)) or the
     attention weights (weights=True: out is (nbatch*L*S)).
 
@@ -127,6 +127,8 @@ def attention(q, k, v, int k_dtype, int v_dtype,
     and raises ValueError for an entry out of range.
 
     softcap: 0 = off. alibi_slopes, sinks: None or nbatch float32 values.
+    alibi_shift: added to each query's position in ALiBi's |p - j| (the
+    offset of a block of a longer sequence; 0 otherwise).
     segments: None or (q_ids, kv_ids, q_off, kv_off, q_sl, kv_ss, sorted) with
     int64 1-d arrays of ids and per-item offsets.
 
@@ -199,6 +201,7 @@ def attention(q, k, v, int k_dtype, int v_dtype,
     a.scale = scale
     a.softcap = softcap
     a.alibi_slopes = NULL
+    a.alibi_shift = alibi_shift
     a.sinks = NULL
     a.seg_q = NULL
     a.seg_k = NULL

@@ -36,7 +36,7 @@ except ImportError as exc:  # pragma: no cover - the optional extra is missing
 
 import fastattn
 from fastattn import _api
-from fastattn._validate import as_bool, check_scale, check_softcap, check_window, to_float32
+from fastattn._validate import as_bool, check_scale, check_softcap, check_window
 
 __all__ = ["scaled_dot_product_attention", "set_worker_threads", "FastattnThreads"]
 
@@ -247,39 +247,17 @@ class _Static:
         self.__dict__.update(fields)
 
 
-def _alibi_bias(slopes, rows, cols, shift):
-    """-slope * |p_i - j| for the rows and keys of a block, p_i - j = r - c + shift
-    (r, c local): ALiBi as a float mask, for a block whose own alignment is not
-    the global one."""
-    slopes = to_float32(slopes)
-    if not np.isfinite(slopes).all():
-        bad = slopes[~np.isfinite(slopes)].reshape(-1)[0]
-        raise ValueError(f"alibi_slopes must be finite (in float32), got {float(bad)!r}")
-    dist = np.abs(np.arange(rows)[:, None] - np.arange(cols)[None, :] + shift)
-    return -(slopes[..., None, None] * dist.astype(np.float32))
-
-
 def _block(c, *arrays):
     """One (query block, key block) pair: the in-memory attention on the rows
     and keys that can meet, with return_lse; rows cut off get (0, -inf)."""
     a = {name: x[sl] for name, x, sl in zip(c.names, arrays, c.slices)}
     kw = dict(c.kw)
-    mask = a.get("attn_mask")
-    if "q_ids" in a:
-        kw["segment_ids"] = (a["q_ids"], a["kv_ids"])
-    if "alibi_slopes" in a:
-        if c.shift_ok:  # the block's own alignment is the global one
-            kw["alibi_slopes"] = a["alibi_slopes"]
-        else:
-            bias = _alibi_bias(a["alibi_slopes"], a["q"].shape[-2], a["k"].shape[-2], c.shift)
-            if mask is None:
-                mask = bias
-            elif mask.dtype == np.bool_:
-                mask = np.where(mask, bias, np.float32(-np.inf))
-            else:
-                mask = mask.astype(np.float32) + bias
-    o, lse = fastattn.scaled_dot_product_attention(a["q"], a["k"], a["v"], mask,
-                                                   return_lse=True, **kw)
+    ids = (a["q_ids"], a["kv_ids"]) if "q_ids" in a else None
+    # ALiBi's |p_i - j| over global positions: the block's own alignment
+    # shifted by c.alibi_shift (no float mask of its rows x keys)
+    o, lse = _api._sdpa(a["q"], a["k"], a["v"], a.get("attn_mask"), False, kw["window"],
+                        kw["scale"], kw["softcap"], a.get("alibi_slopes"), None, ids,
+                        kw["enable_gqa"], True, None, alibi_shift=c.alibi_shift)
     before, after = c.pad
     if before or after:
         o = np.pad(o, [(0, 0)] * (o.ndim - 2) + [(before, after), (0, 0)])
@@ -415,9 +393,9 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, wi
     L x S.
 
     ALiBi's distance ``|p_i - j|`` is global too: a task whose blocks' own
-    alignment differs from the global one (blocks off the diagonal) gets the
-    ALiBi term as a float mask of (heads of its block, its query rows, its
-    keys): with `alibi_slopes`, keep the blocks' heads x rows x keys modest.
+    alignment differs from the global one (blocks off the diagonal) has the
+    kernel shift its rows' positions by the difference, so the term costs no
+    memory of its own.
 
     Each task uses :func:`fastattn.get_num_threads` threads of the process it
     runs in: in ``distributed`` worker processes that is 1 unless
@@ -604,7 +582,7 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, wi
                 blocks[key] = (_block, _Static(
                     names=[op.name for op in block_ops],
                     slices=[cut(op, rows, cols) for op in block_ops],
-                    pad=(ia - i0, i1 - ib), shift=ia + off - ja, shift_ok=delta == 0,
+                    pad=(ia - i0, i1 - ib), alibi_shift=delta,
                     kw=dict(kw, window=None if win == (None, None) else win)),
                     *[key_of(op, bidx, i, j) for op in block_ops])
                 keys.append(key)
