@@ -374,6 +374,33 @@ def test_segment_ids_one_array(rng):
     _check(res, q, k, v, is_causal=True, segment_ids=ids)
 
 
+def test_zero_d_segment_ids_and_empty_numpy_inputs(rng):
+    """A 0-d id serves every row and key (as in memory); NumPy inputs with a
+    zero-sized axis give empty results (no auto-chunking of an empty array)."""
+    q = randn(rng, 2, 10, 8)
+    dq = da.from_array(q, chunks=(1, 5, 8))
+    o = fdask.scaled_dot_product_attention(dq, dq, dq, segment_ids=(3, 3)).compute(
+        scheduler="sync")
+    np.testing.assert_allclose(o, fastattn.scaled_dot_product_attention(q, q, q), **TOL)
+    for shape in [(0, 4, 20, 8), (2, 0, 20, 8)]:
+        e = np.ones(shape, np.float32)
+        o = fdask.scaled_dot_product_attention(e, e, e).compute(scheduler="sync")
+        assert o.shape == shape
+
+
+def test_masked_arrays_are_refused():
+    q = da.zeros((2, 8, 4), chunks=(1, 4, -1), dtype=np.float32)
+    sdpa = fdask.scaled_dot_product_attention
+    ids = np.ma.masked_array(np.arange(8) // 3, mask=np.arange(8) % 2 == 0)
+    with pytest.raises(TypeError, match="q_ids must be a plain array, not a masked array"):
+        sdpa(q, q, q, segment_ids=ids)
+    with pytest.raises(TypeError, match="alibi_slopes must be a plain array"):
+        sdpa(q, q, q, alibi_slopes=np.ma.masked_array([0.5, 1.0], mask=[False, True]))
+    with pytest.raises(TypeError, match="q must be a plain array"):
+        sdpa(da.from_array(np.ma.masked_array(np.zeros((2, 8, 4), np.float32)),
+                           chunks=(1, 4, -1)), q, q)
+
+
 def test_bad_score_options():
     q = k = v = da.zeros((2, 8, 4), chunks=(1, 4, -1), dtype=np.float32)
     sdpa = fdask.scaled_dot_product_attention

@@ -209,6 +209,29 @@ def test_scores_near_the_float32_limit_stay_finite(simd, sign):
 # ------------------------------------------------------------ sinks
 
 
+def test_per_head_values_of_any_float_dtype_and_without_a_head_axis(rng):
+    # bfloat16 slopes and sinks convert like every other float input; with 2-d
+    # q (no head axis) a scalar slope or sink serves the one head, in the
+    # compiled function and in the reference alike
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    q, k, v = qkv(rng, (2, 6, 8), (2, 9, 8), (2, 9, 4))
+    slopes, sinks = np.array([0.5, 0.25]), np.array([1.0, -2.0])
+    want = fastattn.scaled_dot_product_attention(q, k, v, alibi_slopes=slopes, sinks=sinks)
+    got = fastattn.scaled_dot_product_attention(
+        q, k, v, alibi_slopes=slopes.astype(ml_dtypes.bfloat16),
+        sinks=sinks.astype(ml_dtypes.bfloat16))
+    assert_same_bits(got, want)  # (these values are exact in bfloat16)
+    for kw in [dict(alibi_slopes=np.float32(0.5)), dict(sinks=-1.0),
+               dict(alibi_slopes=0.25, sinks=np.float64(2.0))]:
+        o, lse = fastattn.scaled_dot_product_attention(q[0], k[0], v[0], return_lse=True, **kw)
+        ro, rlse = ref.scaled_dot_product_attention(q[0], k[0], v[0], return_lse=True, **kw)
+        assert o.shape == ro.shape == (6, 4) and lse.shape == rlse.shape == (6,)
+        assert_close(o, ro)
+        assert_close(lse, rlse)
+        assert fastattn.attention_weights(q[0], k[0], **kw).shape == (6, 9)
+        assert ref.attention_weights(q[0], k[0], **kw).shape == (6, 9)
+
+
 def test_sinks_special_values(rng, simd):
     q, k, v = qkv(rng, (4, 10, 8), (4, 30, 8), (4, 30, 6))
     plain, plain_lse = fastattn.scaled_dot_product_attention(q, k, v, is_causal=True,

@@ -280,15 +280,7 @@ def per_head(value: Any, name: str, head_shape: Sequence[int], batch: Sequence[i
     `target`) as a C-contiguous float32 array of shape `batch`, or None."""
     if value is None:
         return None
-    if is_masked_array(value):
-        raise TypeError(f"{name} must be a plain array of real floats, not a masked array")
-    try:
-        arr = np.asarray(value)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"{name} must be an array of real floats: {exc}") from None
-    if arr.dtype.kind != "f":
-        raise TypeError(f"{name} must have a real floating dtype (float16, float32 or "
-                        f"float64), got {arr.dtype}")
+    arr = _real_array(value, name)  # (the dtype rule of every float input: bfloat16 too)
     head_shape = tuple(head_shape)
     try:
         ok = np.broadcast_shapes(arr.shape, head_shape) == head_shape
@@ -303,7 +295,8 @@ def per_head(value: Any, name: str, head_shape: Sequence[int], batch: Sequence[i
     if finite and not np.isfinite(arr32).all():
         bad = arr[~np.isfinite(arr32)].reshape(-1)[0]
         raise ValueError(f"{name} must be finite (in float32), got {float(bad)!r}")
-    return np.ascontiguousarray(np.broadcast_to(np.broadcast_to(arr32, head_shape), batch))
+    # (np.asarray, not np.ascontiguousarray, which makes a 0-d array 1-d)
+    return np.asarray(np.broadcast_to(np.broadcast_to(arr32, head_shape), batch), order="C")
 
 
 class SegmentIds(NamedTuple):

@@ -36,7 +36,7 @@ except ImportError as exc:  # pragma: no cover - the optional extra is missing
 
 import fastattn
 from fastattn import _api
-from fastattn._validate import as_bool, check_scale, check_softcap, check_window
+from fastattn._validate import as_bool, check_scale, check_softcap, check_window, is_masked_array
 
 __all__ = ["scaled_dot_product_attention", "set_worker_threads", "FastattnThreads"]
 
@@ -145,9 +145,12 @@ def set_worker_threads(client, n=None):
 def _as_dask(x, name, kind="float"):
     """x as a dask array (a NumPy array becomes one block), its dtype checked:
     kind "float" (real floating), "mask" (bool or real floating) or "int"."""
+    if is_masked_array(x) or isinstance(getattr(x, "_meta", None), np.ma.MaskedArray):
+        raise TypeError(f"{name} must be a plain array, not a masked array (its mask would be "
+                        f"ignored)")
     if not isinstance(x, da.Array):
-        x = np.asarray(x)
-        x = da.from_array(x, chunks=x.shape or (), name=False) if x.size else da.from_array(x)
+        x = np.asarray(x)  # one block (of any size: empty arrays too)
+        x = da.from_array(x, chunks=tuple((n,) for n in x.shape), name=False)
     dk = x.dtype.kind
     if kind == "mask":
         if x.dtype != np.bool_ and dk != "f":
@@ -504,7 +507,10 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, wi
         else:
             raise ValueError(f"segment_ids must be a pair (q_ids, kv_ids) when L != S "
                              f"(L={L}, S={S})")
-        q_ids, kv_ids = _as_dask(q_ids, "q_ids", "int"), _as_dask(kv_ids, "kv_ids", "int")
+        # (a 0-d id is one id for every row or key: an axis of 1 that broadcasts)
+        q_ids, kv_ids = (_as_dask(ids, name, "int") for ids, name in ((q_ids, "q_ids"),
+                                                                        (kv_ids, "kv_ids")))
+        q_ids, kv_ids = (ids[None] if ids.ndim == 0 else ids for ids in (q_ids, kv_ids))
         _broadcasts_to(q_ids, batch + (L,), "segment_ids' q_ids", "(..., L)")
         _broadcasts_to(kv_ids, batch + (S,), "segment_ids' kv_ids", "(..., S)")
         ops.append(_Operand("q_ids", q_ids, roles(q_ids, ["L"])))
