@@ -129,6 +129,22 @@ def test_set_worker_threads(client):
         fdask.FastattnThreads(0)
 
 
+def test_set_worker_threads_leaves_a_threaded_clusters_caller_alone():
+    # workers that are threads of this process share its setting: the plugin
+    # does not change it there, and set_worker_threads says so
+    fastattn.set_num_threads(3)
+    try:
+        with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                                      dashboard_address=":0", silence_logs=50) as cluster, \
+                distributed.Client(cluster) as c:
+            with pytest.warns(RuntimeWarning, match="share its fastattn thread count"):
+                assert fdask.set_worker_threads(c, 1) == 1
+            assert fastattn.get_num_threads() == 3
+            assert set(c.run(fastattn.get_num_threads).values()) == {3}
+    finally:
+        fastattn.set_num_threads(None)
+
+
 def test_threads_plugin_leaves_the_clients_setting():
     # the plugin checks n in the client but sets nothing there: the setting
     # is for the workers

@@ -21,6 +21,7 @@ Needs the optional extra: ``pip install ".[dask]"`` from the project's directory
 import itertools
 import math
 import os
+import warnings
 from typing import Any, Dict, List, Tuple
 
 import numpy as np
@@ -55,7 +56,9 @@ class FastattnThreads(WorkerPlugin):
     n : int
         OpenMP threads for fastattn's kernels in each worker process (see
         :func:`fastattn.set_num_threads`). Checked when the plugin is made;
-        the calling process's own setting is left as it is.
+        the calling process's own setting is left as it is, also where
+        workers run as threads of that process (``Client(processes=False)``):
+        they share its setting, which the plugin does not change.
 
     Raises
     ------
@@ -80,9 +83,11 @@ class FastattnThreads(WorkerPlugin):
         if n is None:
             raise TypeError("n must be an int in [1, 4096], got None")
         self.n = int(_api._checked_num_threads(n))  # (its errors; not None here)
+        self.pid = os.getpid()
 
     def setup(self, worker):
-        fastattn.set_num_threads(self.n)
+        if os.getpid() != self.pid:  # (a worker thread of the caller's process: not there)
+            fastattn.set_num_threads(self.n)
 
 
 def _usable_cores():
@@ -116,6 +121,13 @@ def set_worker_threads(client, n=None):
     int
         The thread count set.
 
+    Warns
+    -----
+    RuntimeWarning
+        If some workers run as threads of the calling process
+        (``Client(processes=False)``): those share its setting, which this
+        leaves as it is.
+
     Examples
     --------
     Two single-threaded workers on a 4-core machine (not run here)::
@@ -134,6 +146,10 @@ def set_worker_threads(client, n=None):
             per_host[host] = (threads + int(info.get("nthreads", 1)), max(ncores, cores[addr]))
         n = min((max(1, c // max(1, t)) for t, c in per_host.values()), default=1)
     plugin = FastattnThreads(n)
+    if os.getpid() in client.run(os.getpid).values():
+        warnings.warn("some workers run in this process (a cluster of threads): they share its "
+                      "fastattn thread count, which set_worker_threads leaves as it is; call "
+                      "fastattn.set_num_threads here to change it", RuntimeWarning, stacklevel=2)
     client.register_plugin(plugin)
     return plugin.n
 
