@@ -571,8 +571,8 @@ _NEW_KEYWORDS = """softcap : float, optional
         the query ids are also non-decreasing and shared by every batch item
         and head, the blocks of query rows are also cut where a document
         starts, so that no block walks the keys of two documents (the same
-        bits). Other ids are checked key by key. A pair is a tuple, or a list of two
-        arrays."""
+        bits). Other ids are checked key by key. A pair is a tuple, or a list
+        of two arrays."""
 
 
 

@@ -270,7 +270,7 @@ def _block(c, *arrays):
     """One (query block, key block) pair: the in-memory attention on the rows
     and keys that can meet, with return_lse; rows cut off get (0, -inf)."""
     a = {name: x[sl] for name, x, sl in zip(c.names, arrays, c.slices)}
-    kw = dict(c.kw)
+    kw = c.kw
     ids = (a["q_ids"], a["kv_ids"]) if "q_ids" in a else None
     # ALiBi's |p_i - j| over global positions: the block's own alignment
     # shifted by c.alibi_shift (no float mask of its rows x keys)
