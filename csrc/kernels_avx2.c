@@ -432,34 +432,55 @@ static FA_ALWAYS_INLINE FA_TARGET __m256 load8_avx2(const void *p, int dt)
     return cvt8_avx2(_mm_loadu_si128((const __m128i *)p), dt);
 }
 
-/* Four elements at p of dtype dt (a constant at each call) as float32. */
-static FA_ALWAYS_INLINE FA_TARGET __m128 load4_avx2(const void *p, int dt)
+/* Four 16-bit elements of dtype dt from each of x and y (the low 64 bits of
+ * each, or with hi the high ones) as eight float32, x's in lanes 0-3. */
+static FA_ALWAYS_INLINE FA_TARGET __m256 join8_avx2(__m128i x, __m128i y, const int hi, int dt)
 {
-    if (dt == FA_DTYPE_F32)
-        return _mm_loadu_ps((const float *)p);
-    if (dt == FA_DTYPE_F16)
-        return _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)p));
-    /* bfloat16: the bits into the top half of each lane */
-    return _mm_castsi128_ps(_mm_unpacklo_epi16(_mm_setzero_si128(),
-                                               _mm_loadl_epi64((const __m128i *)p)));
+    if (dt == FA_DTYPE_BF16) { /* the bits into the top half of each lane, 128 bits at a time */
+        const __m128i z = _mm_setzero_si128();
+        const __m128i lo4 = hi ? _mm_unpackhi_epi16(z, x) : _mm_unpacklo_epi16(z, x);
+        const __m128i hi4 = hi ? _mm_unpackhi_epi16(z, y) : _mm_unpacklo_epi16(z, y);
+        return _mm256_castsi256_ps(_mm256_insertf128_si256(_mm256_castsi128_si256(lo4), hi4, 1));
+    }
+    return cvt8_avx2(hi ? _mm_unpackhi_epi64(x, y) : _mm_unpacklo_epi64(x, y), dt);
 }
 
 /* The 8 x 8 block of elements off .. off + 7 (bytes off from each row row[l],
- * dtype dt) transposed: on return r[i] holds element i of every row (lane l
- * from row l). Each register is loaded as two halves (rows l and l + 4), so
- * the transposition takes in-lane shuffles only: no cross-lane permutes,
- * which cost several micro-ops on CPUs with 128-bit vector units. */
+ * dtype dt) transposed and converted: on return r[i] holds element i of every
+ * row (lane l from row l). float32: each register is loaded as two halves
+ * (rows l and l + 4), so the transposition takes in-lane shuffles only, no
+ * cross-lane permutes (several micro-ops on CPUs with 128-bit vector units).
+ * 16-bit elements: transposed as stored, 128 bits a register, then converted
+ * eight at a time (half the conversions and loads of two 4-element halves). */
 static FA_ALWAYS_INLINE FA_TARGET void load_transpose8_avx2(const char *row[8], int64_t off,
                                                             int dt, __m256 r[8])
 {
-    const int64_t half = 4 * (int64_t)fa_dtype_size(dt);
     int h, l;
+    if (dt != FA_DTYPE_F32) { /* 16-bit elements: transposed as stored, then converted */
+        __m128i x[8], a[8], b[8];
+        for (l = 0; l < 8; l++)
+            x[l] = _mm_loadu_si128((const __m128i *)(row[l] + off));
+        for (l = 0; l < 4; l++) { /* pairs of keys: elements 0-3 and 4-7 */
+            a[l] = _mm_unpacklo_epi16(x[2 * l], x[2 * l + 1]);
+            a[l + 4] = _mm_unpackhi_epi16(x[2 * l], x[2 * l + 1]);
+        }
+        for (h = 0; h < 2; h++) /* quads of keys 4h .. 4h + 3: elements 0-1, 2-3, 4-5, 6-7 */
+            for (l = 0; l < 2; l++) {
+                b[4 * h + 2 * l] = _mm_unpacklo_epi32(a[2 * h + 4 * l], a[2 * h + 4 * l + 1]);
+                b[4 * h + 2 * l + 1] = _mm_unpackhi_epi32(a[2 * h + 4 * l], a[2 * h + 4 * l + 1]);
+            }
+        for (l = 0; l < 4; l++) { /* all eight keys: elements 2l and 2l + 1 */
+            r[2 * l] = join8_avx2(b[l], b[l + 4], 0, dt);
+            r[2 * l + 1] = join8_avx2(b[l], b[l + 4], 1, dt);
+        }
+        return;
+    }
     for (h = 0; h < 2; h++) { /* elements off + 4h .. off + 4h + 3 */
         __m256 x[4];
         for (l = 0; l < 4; l++)
             x[l] = _mm256_insertf128_ps(
-                _mm256_castps128_ps256(load4_avx2(row[l] + off + h * half, dt)),
-                load4_avx2(row[l + 4] + off + h * half, dt), 1);
+                _mm256_castps128_ps256(_mm_loadu_ps((const float *)(row[l] + off) + 4 * h)),
+                _mm_loadu_ps((const float *)(row[l + 4] + off) + 4 * h), 1);
         {
             const __m256 t0 = _mm256_unpacklo_ps(x[0], x[1]), t1 = _mm256_unpackhi_ps(x[0], x[1]);
             const __m256 t2 = _mm256_unpacklo_ps(x[2], x[3]), t3 = _mm256_unpackhi_ps(x[2], x[3]);
