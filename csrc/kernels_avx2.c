@@ -497,7 +497,8 @@ static FA_ALWAYS_INLINE FA_TARGET void load_transpose8_avx2(const char *row[8], 
  * FA_NR (the micro-kernel's columns; tile_scores reads no column after those):
  * the key tile transposed in 8 x 8 blocks of registers. */
 static FA_ALWAYS_INLINE FA_TARGET void pack_kt_dt_avx2(const void *k, int dt, int64_t rs,
-                                                       int64_t D, int64_t nk, float *kt)
+                                                       int64_t D, int64_t nk, int64_t room,
+                                                       float *kt)
 {
     const int64_t esz = (int64_t)fa_dtype_size(dt);
     const char *base = (const char *)k;
@@ -505,9 +506,10 @@ static FA_ALWAYS_INLINE FA_TARGET void pack_kt_dt_avx2(const void *k, int dt, in
     int i;
 #define FA_ROW(r) (base + ((jb + (r)) * rs + d) * esz)
     const int64_t ncol = (nk + FA_NR - 1) / FA_NR * FA_NR;
-    /* a full tile: the next tile's rows are fetched ahead (rows far apart,
-     * e.g. a (T, H, D) layout, are not streamed by the hardware prefetchers) */
-    const int64_t ahead = nk == FA_BK && rs != D ? FA_BK * rs * esz : 0;
+    /* the next tile's rows, where they follow (room: fa_kv_room), are fetched
+     * ahead when they lie far apart, e.g. a (T, H, D) layout (the hardware
+     * prefetchers do not stream those) */
+    const int64_t ahead = room >= FA_BK && rs != D ? FA_BK * rs * esz : 0;
     int64_t d0 = 0; /* elements of the keys from jb on done by a band of sixteen */
     for (jb = 0; jb < ncol; jb += 8) {
         if (jb + 8 <= nk) {
@@ -542,14 +544,14 @@ static FA_ALWAYS_INLINE FA_TARGET void pack_kt_dt_avx2(const void *k, int dt, in
 
 #define FA_HAVE_PACK_KT 1
 static FA_TARGET void FA_NAME(pack_kt)(const void *k, int dt, int64_t rs, int64_t D, int64_t nk,
-                                   float *kt)
+                                   int64_t room, float *kt)
 {
     if (dt == FA_DTYPE_F16)
-        pack_kt_dt_avx2(k, FA_DTYPE_F16, rs, D, nk, kt);
+        pack_kt_dt_avx2(k, FA_DTYPE_F16, rs, D, nk, room, kt);
     else if (dt == FA_DTYPE_BF16)
-        pack_kt_dt_avx2(k, FA_DTYPE_BF16, rs, D, nk, kt);
+        pack_kt_dt_avx2(k, FA_DTYPE_BF16, rs, D, nk, room, kt);
     else
-        pack_kt_dt_avx2(k, FA_DTYPE_F32, rs, D, nk, kt);
+        pack_kt_dt_avx2(k, FA_DTYPE_F32, rs, D, nk, room, kt);
 }
 
 /* dst[0..n) = src[0..n) (dtype dt) converted to float32; 1 if all are
@@ -634,11 +636,10 @@ static FA_TARGET int FA_NAME(load_row)(const void *src, int dt, int64_t n, float
  */
 static FA_ALWAYS_INLINE FA_TARGET void few_scores_n_avx2(const float *q, const int nr,
                                                          const void *k, const int dt, int64_t rs,
-                                                         int64_t D, int64_t nk, float *s)
+                                                         int64_t D, int64_t nk, int64_t ahead,
+                                                         float *s)
 {
     const int64_t esz = (int64_t)fa_dtype_size(dt);
-    /* a full tile: the rows of the tile that follows are fetched ahead */
-    const int64_t ahead = fa_ahead(nk, rs, D, esz);
     const int contig = rs == D;
     int64_t jb, d;
     int r, i;
@@ -674,29 +675,32 @@ static FA_ALWAYS_INLINE FA_TARGET void few_scores_n_avx2(const float *q, const i
 
 static FA_ALWAYS_INLINE FA_TARGET void few_scores_dt_avx2(const float *q, int64_t nr,
                                                           const void *k, const int dt, int64_t rs,
-                                                          int64_t D, int64_t nk, float *s)
+                                                          int64_t D, int64_t nk, int64_t room,
+                                                          float *s)
 {
+    /* the rows of the tile that follows, where they do, are fetched ahead */
+    const int64_t ahead = fa_ahead(room, rs, D, (int64_t)fa_dtype_size(dt));
     switch (nr) {
-    case 1: few_scores_n_avx2(q, 1, k, dt, rs, D, nk, s); break;
-    case 2: few_scores_n_avx2(q, 2, k, dt, rs, D, nk, s); break;
-    case 3: few_scores_n_avx2(q, 3, k, dt, rs, D, nk, s); break;
-    case 4: few_scores_n_avx2(q, 4, k, dt, rs, D, nk, s); break;
-    case 5: few_scores_n_avx2(q, 5, k, dt, rs, D, nk, s); break;
-    case 6: few_scores_n_avx2(q, 6, k, dt, rs, D, nk, s); break;
-    case 7: few_scores_n_avx2(q, 7, k, dt, rs, D, nk, s); break;
-    default: few_scores_n_avx2(q, 8, k, dt, rs, D, nk, s); break;
+    case 1: few_scores_n_avx2(q, 1, k, dt, rs, D, nk, ahead, s); break;
+    case 2: few_scores_n_avx2(q, 2, k, dt, rs, D, nk, ahead, s); break;
+    case 3: few_scores_n_avx2(q, 3, k, dt, rs, D, nk, ahead, s); break;
+    case 4: few_scores_n_avx2(q, 4, k, dt, rs, D, nk, ahead, s); break;
+    case 5: few_scores_n_avx2(q, 5, k, dt, rs, D, nk, ahead, s); break;
+    case 6: few_scores_n_avx2(q, 6, k, dt, rs, D, nk, ahead, s); break;
+    case 7: few_scores_n_avx2(q, 7, k, dt, rs, D, nk, ahead, s); break;
+    default: few_scores_n_avx2(q, 8, k, dt, rs, D, nk, ahead, s); break;
     }
 }
 
 static FA_TARGET void FA_NAME(few_scores)(const float *q, int64_t nr, const void *k, int dt,
-                                      int64_t rs, int64_t D, int64_t nk, float *s)
+                                      int64_t rs, int64_t D, int64_t nk, int64_t room, float *s)
 {
     if (dt == FA_DTYPE_F16)
-        few_scores_dt_avx2(q, nr, k, FA_DTYPE_F16, rs, D, nk, s);
+        few_scores_dt_avx2(q, nr, k, FA_DTYPE_F16, rs, D, nk, room, s);
     else if (dt == FA_DTYPE_BF16)
-        few_scores_dt_avx2(q, nr, k, FA_DTYPE_BF16, rs, D, nk, s);
+        few_scores_dt_avx2(q, nr, k, FA_DTYPE_BF16, rs, D, nk, room, s);
     else
-        few_scores_dt_avx2(q, nr, k, FA_DTYPE_F32, rs, D, nk, s);
+        few_scores_dt_avx2(q, nr, k, FA_DTYPE_F32, rs, D, nk, room, s);
 }
 #endif
 #define FA_HAVE_FEW_KERNELS 1
@@ -706,14 +710,14 @@ static FA_TARGET void FA_NAME(few_scores)(const float *q, int64_t nr, const void
  * the nr rows, the value rows read in place (ld elements of dtype dt apart,
  * Dvp of them a row, converted by load8_avx2): gemm_block_avx2's sum, one
  * fused multiply-add per key, jj ascending from 0, 16 columns at a time. nr
- * and dt are constants in each inlined copy. A full tile: the value rows of
- * the tile that follows are fetched ahead, a line at a time as they are read. */
+ * and dt are constants in each inlined copy. The value rows of the tile that
+ * follows, where they do (ahead: fa_ahead's distance), are fetched ahead, a
+ * line at a time as these are read. */
 static FA_ALWAYS_INLINE FA_TARGET void few_pv_n_avx2(const float *p, const int nr, const void *v,
                                                      const int dt, int64_t ld, int64_t Dvp,
-                                                     int64_t nk, float *tile)
+                                                     int64_t nk, int64_t ahead, float *tile)
 {
     const int64_t esz = (int64_t)fa_dtype_size(dt);
-    const int64_t ahead = fa_ahead(nk, ld, Dvp, esz);
     const int contig = ld == Dvp;
     int64_t c, jj;
     int r;
@@ -742,29 +746,31 @@ static FA_ALWAYS_INLINE FA_TARGET void few_pv_n_avx2(const float *p, const int n
 
 static FA_ALWAYS_INLINE FA_TARGET void few_pv_dt_avx2(const float *p, int64_t nr, const void *v,
                                                       const int dt, int64_t ld, int64_t Dvp,
-                                                      int64_t nk, float *tile)
+                                                      int64_t nk, int64_t room, float *tile)
 {
+    const int64_t ahead = fa_ahead(room, ld, Dvp, (int64_t)fa_dtype_size(dt));
     for (; nr > 6; nr -= 4, p += 4 * FA_BK, tile += 4 * Dvp) /* twelve accumulators at most */
-        few_pv_n_avx2(p, 4, v, dt, ld, Dvp, nk, tile);
+        few_pv_n_avx2(p, 4, v, dt, ld, Dvp, nk, ahead, tile);
     switch (nr) {
-    case 1: few_pv_n_avx2(p, 1, v, dt, ld, Dvp, nk, tile); break;
-    case 2: few_pv_n_avx2(p, 2, v, dt, ld, Dvp, nk, tile); break;
-    case 3: few_pv_n_avx2(p, 3, v, dt, ld, Dvp, nk, tile); break;
-    case 4: few_pv_n_avx2(p, 4, v, dt, ld, Dvp, nk, tile); break;
-    case 5: few_pv_n_avx2(p, 5, v, dt, ld, Dvp, nk, tile); break;
-    default: few_pv_n_avx2(p, 6, v, dt, ld, Dvp, nk, tile); break;
+    case 1: few_pv_n_avx2(p, 1, v, dt, ld, Dvp, nk, ahead, tile); break;
+    case 2: few_pv_n_avx2(p, 2, v, dt, ld, Dvp, nk, ahead, tile); break;
+    case 3: few_pv_n_avx2(p, 3, v, dt, ld, Dvp, nk, ahead, tile); break;
+    case 4: few_pv_n_avx2(p, 4, v, dt, ld, Dvp, nk, ahead, tile); break;
+    case 5: few_pv_n_avx2(p, 5, v, dt, ld, Dvp, nk, ahead, tile); break;
+    default: few_pv_n_avx2(p, 6, v, dt, ld, Dvp, nk, ahead, tile); break;
     }
 }
 
 static FA_TARGET void FA_NAME(few_pv)(const float *p, int64_t nr, const void *v, int dt,
-                                      int64_t ld, int64_t Dvp, int64_t nk, float *tile)
+                                      int64_t ld, int64_t Dvp, int64_t nk, int64_t room,
+                                      float *tile)
 {
     if (dt == FA_DTYPE_F16)
-        few_pv_dt_avx2(p, nr, v, FA_DTYPE_F16, ld, Dvp, nk, tile);
+        few_pv_dt_avx2(p, nr, v, FA_DTYPE_F16, ld, Dvp, nk, room, tile);
     else if (dt == FA_DTYPE_BF16)
-        few_pv_dt_avx2(p, nr, v, FA_DTYPE_BF16, ld, Dvp, nk, tile);
+        few_pv_dt_avx2(p, nr, v, FA_DTYPE_BF16, ld, Dvp, nk, room, tile);
     else
-        few_pv_dt_avx2(p, nr, v, FA_DTYPE_F32, ld, Dvp, nk, tile);
+        few_pv_dt_avx2(p, nr, v, FA_DTYPE_F32, ld, Dvp, nk, room, tile);
 }
 #endif
 

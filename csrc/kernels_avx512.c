@@ -514,10 +514,10 @@ static FA_ALWAYS_INLINE FA_TARGET void few_pv_n_avx512(const float *p, const int
 
 static FA_ALWAYS_INLINE FA_TARGET void few_pv_dt_avx512(const float *p, int64_t nr, const void *v,
                                                         const int dt, int64_t ld, int64_t Dvp,
-                                                        int64_t nk, float *tile)
+                                                        int64_t nk, int64_t room, float *tile)
 {
-    /* a full tile: the value rows of the tile that follows are fetched ahead */
-    const int64_t ahead = fa_ahead(nk, ld, Dvp, (int64_t)fa_dtype_size(dt));
+    /* the value rows of the tile that follows, where they do, are fetched ahead */
+    const int64_t ahead = fa_ahead(room, ld, Dvp, (int64_t)fa_dtype_size(dt));
     for (; nr > 6; nr -= 4, p += 4 * FA_BK, tile += 4 * Dvp)
         few_pv_n_avx512(p, 4, v, dt, ld, Dvp, nk, ahead, tile);
     switch (nr) {
@@ -532,14 +532,14 @@ static FA_ALWAYS_INLINE FA_TARGET void few_pv_dt_avx512(const float *p, int64_t 
 
 #define FA_HAVE_FEW_PV 1
 static FA_TARGET void few_pv_avx512(const float *p, int64_t nr, const void *v, int dt, int64_t ld,
-                                    int64_t Dvp, int64_t nk, float *tile)
+                                    int64_t Dvp, int64_t nk, int64_t room, float *tile)
 {
     if (dt == FA_DTYPE_F16)
-        few_pv_dt_avx512(p, nr, v, FA_DTYPE_F16, ld, Dvp, nk, tile);
+        few_pv_dt_avx512(p, nr, v, FA_DTYPE_F16, ld, Dvp, nk, room, tile);
     else if (dt == FA_DTYPE_BF16)
-        few_pv_dt_avx512(p, nr, v, FA_DTYPE_BF16, ld, Dvp, nk, tile);
+        few_pv_dt_avx512(p, nr, v, FA_DTYPE_BF16, ld, Dvp, nk, room, tile);
     else
-        few_pv_dt_avx512(p, nr, v, FA_DTYPE_F32, ld, Dvp, nk, tile);
+        few_pv_dt_avx512(p, nr, v, FA_DTYPE_F32, ld, Dvp, nk, room, tile);
 }
 
 /*
@@ -846,11 +846,11 @@ static FA_ALWAYS_INLINE FA_TARGET void few_block_avx512(const float *q, const in
 static FA_ALWAYS_INLINE FA_TARGET void few_scores_n_avx512(const float *q, const int nr,
                                                            const void *k, const int dt,
                                                            int64_t rs, int64_t D, int64_t nk,
-                                                           float *s)
+                                                           int64_t room, float *s)
 {
     const int64_t esz = (int64_t)fa_dtype_size(dt), rse = rs * esz;
-    /* a full tile: the rows of the tile that follows are fetched ahead */
-    const int64_t ahead = fa_ahead(nk, rs, D, esz);
+    /* the rows of the tile that follows, where they do, are fetched ahead */
+    const int64_t ahead = fa_ahead(room, rs, D, esz);
     const int contig = rs == D;
     int64_t jb;
     int i;
@@ -868,29 +868,30 @@ static FA_ALWAYS_INLINE FA_TARGET void few_scores_n_avx512(const float *q, const
 static FA_ALWAYS_INLINE FA_TARGET void few_scores_dt_avx512(const float *q, int64_t nr,
                                                             const void *k, const int dt,
                                                             int64_t rs, int64_t D, int64_t nk,
-                                                            float *s)
+                                                            int64_t room, float *s)
 {
     switch (nr) {
-    case 1: few_scores_n_avx512(q, 1, k, dt, rs, D, nk, s); break;
-    case 2: few_scores_n_avx512(q, 2, k, dt, rs, D, nk, s); break;
-    case 3: few_scores_n_avx512(q, 3, k, dt, rs, D, nk, s); break;
-    case 4: few_scores_n_avx512(q, 4, k, dt, rs, D, nk, s); break;
-    case 5: few_scores_n_avx512(q, 5, k, dt, rs, D, nk, s); break;
-    case 6: few_scores_n_avx512(q, 6, k, dt, rs, D, nk, s); break;
-    case 7: few_scores_n_avx512(q, 7, k, dt, rs, D, nk, s); break;
-    default: few_scores_n_avx512(q, 8, k, dt, rs, D, nk, s); break;
+    case 1: few_scores_n_avx512(q, 1, k, dt, rs, D, nk, room, s); break;
+    case 2: few_scores_n_avx512(q, 2, k, dt, rs, D, nk, room, s); break;
+    case 3: few_scores_n_avx512(q, 3, k, dt, rs, D, nk, room, s); break;
+    case 4: few_scores_n_avx512(q, 4, k, dt, rs, D, nk, room, s); break;
+    case 5: few_scores_n_avx512(q, 5, k, dt, rs, D, nk, room, s); break;
+    case 6: few_scores_n_avx512(q, 6, k, dt, rs, D, nk, room, s); break;
+    case 7: few_scores_n_avx512(q, 7, k, dt, rs, D, nk, room, s); break;
+    default: few_scores_n_avx512(q, 8, k, dt, rs, D, nk, room, s); break;
     }
 }
 
 static FA_TARGET void few_scores_avx512(const float *q, int64_t nr, const void *k, int dt,
-                                        int64_t rs, int64_t D, int64_t nk, float *s)
+                                        int64_t rs, int64_t D, int64_t nk, int64_t room,
+                                        float *s)
 {
     if (dt == FA_DTYPE_F16)
-        few_scores_dt_avx512(q, nr, k, FA_DTYPE_F16, rs, D, nk, s);
+        few_scores_dt_avx512(q, nr, k, FA_DTYPE_F16, rs, D, nk, room, s);
     else if (dt == FA_DTYPE_BF16)
-        few_scores_dt_avx512(q, nr, k, FA_DTYPE_BF16, rs, D, nk, s);
+        few_scores_dt_avx512(q, nr, k, FA_DTYPE_BF16, rs, D, nk, room, s);
     else
-        few_scores_dt_avx512(q, nr, k, FA_DTYPE_F32, rs, D, nk, s);
+        few_scores_dt_avx512(q, nr, k, FA_DTYPE_F32, rs, D, nk, room, s);
 }
 
 #include "kernels_avx2.c"
