@@ -192,21 +192,6 @@ static inline const void *fa_kv_tile(const fa_attn_args *a, int64_t b, int v, in
     return (const char *)(v ? a->v : a->k) + off * (int64_t)fa_dtype_size(dt);
 }
 
-/*
- * The key rows after tile [j0, j0 + nk) that the kernels may fetch ahead as
- * they read it: those that continue its rows in memory up to the item's last
- * key, or (paged) to the end of the tile's page, whose rows all lie in the
- * cache; none after a short tile (the last). Fetches past an array's end
- * reach addresses that may not be mapped, and there each costs a page walk:
- * decoding 14 query heads over 2 kv heads of 256 keys ran 1.6x slower with k
- * and v allocated to their last byte than with memory after them.
- */
-static inline int64_t fa_kv_room(const fa_attn_args *a, int64_t j0, int64_t nk)
-{
-    const int64_t end = a->block_table ? (j0 / a->block_size + 1) * a->block_size : a->S;
-    return nk == FA_BK ? end - j0 - nk : 0;
-}
-
 /* A flag byte that several threads may read and write (each writes the value
  * any of them would: a record, not a lock). */
 static inline unsigned char fa_flag_get(const unsigned char *f)
@@ -254,11 +239,44 @@ static inline void fa_prefetch(const void *p, int64_t off)
  * fa_prefetch_rows: the fetch it goes with.
  */
 #define FA_AHEAD_CONTIG 2
+#define FA_AHEAD_MAX 2 /* tiles: the farthest any kernel fetches ahead */
 
 static inline int64_t fa_ahead(int64_t room, int64_t rs, int64_t n, int64_t esz)
 {
-    const int64_t tiles = rs == n ? FA_AHEAD_CONTIG : 1;
-    return room >= tiles * FA_BK ? tiles * FA_BK * rs * esz : 0;
+    int64_t tiles = rs == n ? FA_AHEAD_CONTIG : 1;
+    while (tiles > 0 && room < tiles * FA_BK) /* as far as the rows go */
+        tiles--;
+    return tiles * FA_BK * rs * esz;
+}
+
+/*
+ * The key rows after tile [j0, j0 + nk) of batch item b's k (v: v != 0) that
+ * the kernels may fetch ahead as they read it: those that continue its rows
+ * in memory, up to the item's last key or (paged) to the end of the tile's
+ * page, whose rows all lie in the cache, and on over the pages after it
+ * that follow it in memory (an ordered block_table) as far as a fetch
+ * reaches; none after a short tile (the last). Fetches past an array's end
+ * reach addresses that may not be mapped, and there each costs a page walk:
+ * decoding 14 query heads over 2 kv heads of 256 keys ran 1.6x slower with k
+ * and v allocated to their last byte than with memory after them.
+ */
+static inline int64_t fa_kv_room(const fa_attn_args *a, int v, int64_t b, int64_t j0, int64_t nk)
+{
+    int64_t end = a->S;
+    if (nk != FA_BK)
+        return 0;
+    if (a->block_table) {
+        const int32_t *bt = a->block_table + a->bt_off[b];
+        const int64_t bs = a->block_size, run = bs * (v ? a->v_rs : a->k_rs);
+        int64_t pg = j0 / bs;
+        end = (pg + 1) * bs;
+        while (end - j0 - nk < FA_AHEAD_MAX * FA_BK && end < a->S
+               && (v ? a->v_ps : a->k_ps) == run && bt[pg + 1] == bt[pg] + 1) {
+            pg++; /* (a page that holds keys below S: one of the checked entries) */
+            end += bs;
+        }
+    }
+    return end - j0 - nk;
 }
 
 static inline void fa_prefetch_rows(const void *p, int64_t off, int contig)

@@ -746,7 +746,7 @@ static FA_ALWAYS_INLINE FA_TARGET void few_block_avx512(const float *q, const in
             int qd;
             if (ahead && ((d * 2) & 63) == 0) {
                 if (contig && !kr)
-                    for (i = 0; i < 16; i++)
+                    for (i = 0; i < 16 && d * 2 * 16 + 64 * i < 16 * rse; i++)
                         fa_prefetch_rows(kb + ahead + d * 2 * 16 + 64 * i, 0, 1);
                 else
                     for (i = 0; i < 16; i++)
@@ -778,8 +778,9 @@ static FA_ALWAYS_INLINE FA_TARGET void few_block_avx512(const float *q, const in
     for (; d + step <= D; d += step) {
         __m512 z[8];
         if (ahead && ((d * esz) & 63) == 0) {
-            if (contig && !kr) /* the block's rows are one run: fetched in line order */
-                for (i = 0; i < 16; i++)
+            if (contig && !kr) /* the block's rows are one run: fetched in line order,
+                                * none past its end */
+                for (i = 0; i < 16 && d * esz * 16 + 64 * i < 16 * rse; i++)
                     fa_prefetch_rows(kb + ahead + d * esz * 16 + 64 * i, 0, 1);
             else
                 for (i = 0; i < 16; i++)
