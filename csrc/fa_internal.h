@@ -241,12 +241,19 @@ static inline void fa_prefetch(const void *p, int64_t off)
 #define FA_AHEAD_CONTIG 2
 #define FA_AHEAD_MAX 2 /* tiles: the farthest any kernel fetches ahead */
 
-static inline int64_t fa_ahead(int64_t room, int64_t rs, int64_t n, int64_t esz)
+/* The distance in bytes of up to `tiles` key tiles ahead, as many as the room
+ * rows after the tile hold (fa_kv_room), rows rs elements of esz bytes apart:
+ * every kernel's fetches ahead are bounded here. */
+static inline int64_t fa_ahead_tiles(int64_t room, int64_t tiles, int64_t rs, int64_t esz)
 {
-    int64_t tiles = rs == n ? FA_AHEAD_CONTIG : 1;
-    while (tiles > 0 && room < tiles * FA_BK) /* as far as the rows go */
+    while (tiles > 0 && room < tiles * FA_BK)
         tiles--;
     return tiles * FA_BK * rs * esz;
+}
+
+static inline int64_t fa_ahead(int64_t room, int64_t rs, int64_t n, int64_t esz)
+{
+    return fa_ahead_tiles(room, rs == n ? FA_AHEAD_CONTIG : 1, rs, esz);
 }
 
 /*

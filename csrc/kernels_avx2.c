@@ -509,7 +509,7 @@ static FA_ALWAYS_INLINE FA_TARGET void pack_kt_dt_avx2(const void *k, int dt, in
     /* the next tile's rows, where they follow (room: fa_kv_room), are fetched
      * ahead when they lie far apart, e.g. a (T, H, D) layout (the hardware
      * prefetchers do not stream those) */
-    const int64_t ahead = room >= FA_BK && rs != D ? FA_BK * rs * esz : 0;
+    const int64_t ahead = fa_ahead_tiles(room, rs != D, rs, esz);
     int64_t d0 = 0; /* elements of the keys from jb on done by a band of sixteen */
     for (jb = 0; jb < ncol; jb += 8) {
         if (jb + 8 <= nk) {
