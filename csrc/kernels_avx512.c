@@ -638,14 +638,17 @@ static FA_ALWAYS_INLINE FA_TARGET int64_t kt_band16_avx512(const char *base, int
     return d;
 }
 
-/* pack_rows's block of FA_MR = 12 query rows d by d (kernels.inc):
- * dst[d * 12 + i] = rows[i][d] for i < n and d < D, 0 for n <= i < 12, eight
- * elements of the rows a step transposed as kt_band16_avx512 transposes keys
- * (rows 12-15 of its sixteen are zeros, and their lanes are not stored). */
+/* A block of `lanes` query rows d by d (kernels.inc: pack_rows's FA_MR = 12,
+ * pack_qt's FA_QT_LANES = 16): dst[d * lanes + i] = rows[i][d] for i < n
+ * and d < D, 0 for n <= i < lanes, eight elements of the rows a step
+ * transposed as kt_band16_avx512 transposes keys (rows from `lanes` on of
+ * its sixteen are zeros, and their lanes are not stored). */
 #define FA_HAVE_PACK_BLOCK 1
-static FA_TARGET void pack_block_avx512(const float *const *rows, int n, int64_t D, float *dst)
+static FA_TARGET void pack_block_avx512(const float *const *rows, int n, int64_t D, float *dst,
+                                        int lanes)
 {
     const __m256 zero = _mm256_setzero_ps();
+    const __mmask16 keep = (__mmask16)((1u << lanes) - 1u);
     int64_t d;
     int i;
     for (d = 0; d + 8 <= D; d += 8) {
@@ -658,11 +661,11 @@ static FA_TARGET void pack_block_avx512(const float *const *rows, int n, int64_t
         }
         transpose_halves_avx512(z);
         for (i = 0; i < 8; i++)
-            _mm512_mask_storeu_ps(dst + (d + i) * FA_MR, 0x0FFF, z[i]);
+            _mm512_mask_storeu_ps(dst + (d + i) * lanes, keep, z[i]);
     }
     for (; d < D; d++)
-        for (i = 0; i < FA_MR; i++)
-            dst[d * FA_MR + i] = i < n ? rows[i][d] : 0.0f;
+        for (i = 0; i < lanes; i++)
+            dst[d * lanes + i] = i < n ? rows[i][d] : 0.0f;
 }
 
 /* h[i] = (row i | row i + 8), eight 16-bit elements each -> h[e] = element e

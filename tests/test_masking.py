@@ -307,6 +307,33 @@ def test_poisoned_masked_keys_in_attention_weights(rng):
     assert np.isfinite(clean).all()
 
 
+@pytest.mark.parametrize("S", [32, 77, 200])
+@pytest.mark.parametrize("hole", [False, True])
+def test_key_padding_mask_bits_equal_the_same_mask_row_by_row(rng, S, hole):
+    # A key-padding mask (B, 1, 1, S) whose allowed keys are a run (right
+    # padding, left padding, both) takes the whole-tile kernels on every tile;
+    # with a hole inside the run the tile that holds it does not. Either way
+    # the bits are those of the same mask given row by row (B, H, L, S), which
+    # takes the general path, and close to the float64 reference.
+    B, H, L, D = 4, 3, 40, 32
+    q, k, v = qkv(rng, (B, H, L, D), (B, H, S, D), (B, H, S, D))
+    keys = np.arange(S)
+    starts = np.array([0, 0, S // 5, 3])
+    ends = np.array([S, S - S // 3, S, S - 5])
+    mask = ((keys >= starts[:, None]) & (keys < ends[:, None]))[:, None, None, :]
+    if hole:
+        mask[1, 0, 0, S // 4] = False
+        mask[3, 0, 0, S // 2] = False
+    rows = np.broadcast_to(mask, (B, H, L, S)).copy()
+    o, lse = sdpa(q, k, v, mask, return_lse=True)
+    o_rows, lse_rows = sdpa(q, k, v, rows, return_lse=True)
+    assert_same_bits(o, o_rows)
+    assert_same_bits(lse, lse_rows)
+    want = fastattn.reference.scaled_dot_product_attention(
+        q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), mask)
+    assert_close(o, want)
+
+
 @pytest.mark.parametrize("S", [300, 1100, 2200])
 def test_bool_mask_false_runs_at_both_ends_over_many_tiles(rng, S):
     # Key padding (trailing False) and a left pad (leading False) spanning
