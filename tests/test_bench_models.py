@@ -90,3 +90,14 @@ def test_long_grid_rows_and_peak_fraction(monkeypatch, capsys):
     assert rows["SDPA H=8 D=64 L=S=1024 vs faster peer"][1] == "1000 ms, 0.90x onnxruntime"
     assert rows["SDPA grid: geometric mean vs faster peer"][3] == "NO"
     assert "AVX-512 200.0 GFLOP/s" in capsys.readouterr().out
+
+
+def test_best_time_runs_until_min_time_or_a_cap():
+    import fastattn._bench as bench
+
+    calls = []
+    assert bench.best_time(lambda: calls.append(1), 2) >= 0.0
+    assert len(calls) == 3  # a warm-up and the two runs asked for
+    calls.clear()
+    bench.best_time(lambda: calls.append(1), 2, min_time=3600.0)
+    assert len(calls) == 1001  # never reaches an hour: capped at 1000 runs

@@ -30,14 +30,20 @@ from fastattn import _core, reference
 SEED = 20261129
 
 
-def best_time(fn, repeat):
-    """Best wall time of `repeat` runs of fn(), after one warm-up run."""
+def best_time(fn, repeat, min_time=0.0):
+    """Best wall time of `repeat` runs of fn(), after one warm-up run; with
+    min_time, more runs (up to 1000) until they add up to min_time seconds.
+    A call of some microseconds right after another library's (whose threads
+    spin on the cores for a while after its own work) reads up to 1.5x its
+    time in a loop: more runs let every implementation show its time in a
+    loop of calls, as a model's layers make them."""
     fn()  # warm up: page in the output, start the threads
-    best = np.inf
-    for _ in range(max(1, repeat)):
+    best, total, n = np.inf, 0.0, 0
+    while n < max(1, repeat) or (total < min_time and n < 1000):
         t0 = time.perf_counter()
         fn()
-        best = min(best, time.perf_counter() - t0)
+        t = time.perf_counter() - t0
+        best, total, n = min(best, t), total + t, n + 1
     return best
 
 
@@ -274,7 +280,8 @@ def time_problem(problem, impls=IMPLEMENTATIONS, threads=2, repeat=3):
             times[impl] = None
             continue
         fn, factor = r
-        times[impl] = best_time(fn, 1 if impl == "reference" else repeat) * factor
+        times[impl] = (best_time(fn, 1) if impl == "reference"
+                       else best_time(fn, repeat, min_time=0.05)) * factor
     return times
 
 
