@@ -231,7 +231,9 @@ static inline void fa_prefetch(const void *p, int64_t off)
  * read a tile: rows that follow each other (a contiguous cache, whose stream
  * the hardware prefetchers also follow) FA_AHEAD_CONTIG tiles ahead into the
  * level-2 cache; rows that lie apart (the kv heads of a (B, S, H, D) cache
- * interleaved) the next tile into level 1. (On the Xeon of the README, a
+ * interleaved) the next tile into level 1, where its rows fit a third of
+ * that cache (FA_AHEAD_L1_BYTES; a bigger tile's fetches evict the rows being
+ * read, and it gets none). (On the Xeon of the README, a
  * level-1 fetch of contiguous rows held the loads up more than it gave, and
  * a level-2 one of interleaved rows came too late.) fa_ahead: the distance in
  * bytes (0: none) for a tile whose rows are rs elements of esz bytes apart,
@@ -251,8 +253,18 @@ static inline int64_t fa_ahead_tiles(int64_t room, int64_t tiles, int64_t rs, in
     return tiles * FA_BK * rs * esz;
 }
 
+/* Interleaved rows are fetched into level 1 only where a tile's rows (n
+ * elements each) take at most this many bytes: on the Xeon of the eighth
+ * round (48 KiB of L1 data cache), decoding 32/8 heads from a (B, S, H, D)
+ * float32 cache of D = 128 (32 KiB a tile) ran 1.12-1.24x faster without the
+ * fetches, D = 64 (16 KiB) the same either way, and float16 (16 and 8 KiB)
+ * 1.06x and 1.2x slower without them. */
+#define FA_AHEAD_L1_BYTES 16384
+
 static inline int64_t fa_ahead(int64_t room, int64_t rs, int64_t n, int64_t esz)
 {
+    if (rs != n && FA_BK * n * esz > FA_AHEAD_L1_BYTES)
+        return 0;
     return fa_ahead_tiles(room, rs == n ? FA_AHEAD_CONTIG : 1, rs, esz);
 }
 
