@@ -254,12 +254,14 @@ static inline int64_t fa_ahead_tiles(int64_t room, int64_t tiles, int64_t rs, in
 }
 
 /* Interleaved rows are fetched into level 1 only where a tile's rows (n
- * elements each) take at most this many bytes: on the Xeon of the eighth
- * round (48 KiB of L1 data cache), decoding 32/8 heads from a (B, S, H, D)
- * float32 cache of D = 128 (32 KiB a tile) ran 1.12-1.24x faster without the
- * fetches, D = 64 (16 KiB) the same either way, and float16 (16 and 8 KiB)
- * 1.06x and 1.2x slower without them. */
-#define FA_AHEAD_L1_BYTES 16384
+ * elements each) take at most this many bytes: on the Xeon of the README
+ * (48 KiB of L1 data cache), decoding from a (B, S, H, D) cache 16 keys at a
+ * time for all kv heads (sdpa_unit's FA_FEW_SUBK), a float32 tile of D = 128
+ * (32 KiB) ran 1.06-1.08x faster with the fetches and one of D = 256
+ * (64 KiB) 1.10x slower; float16 of D = 256 (32 KiB) 1.04x faster. (Before
+ * the 16-key steps, when each head read a whole tile, float32 D = 128 ran
+ * 1.12-1.24x faster without them.) */
+#define FA_AHEAD_L1_BYTES 32768
 
 static inline int64_t fa_ahead(int64_t room, int64_t rs, int64_t n, int64_t esz)
 {

@@ -38,6 +38,10 @@
  * read from k's and v's rows in place instead of packed tiles of FA_MR-row
  * blocks. */
 #define FA_FEW_ROWS 8
+/* Keys a step of a few-rows unit of several kv heads over interleaved rows
+ * (kernels.inc's sdpa_unit): a multiple of the AVX-512 score kernel's block
+ * of 16 keys, which writes 16 columns, that divides FA_BK. */
+#define FA_FEW_SUBK 16
 
 /* Rows of one attention work unit: heads b0 .. b0+nh-1, query rows i0 ..
  * i0+nq-1 of each; row r is (b0 + r / nq, i0 + r % nq). Each run of kvh

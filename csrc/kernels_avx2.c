@@ -715,7 +715,8 @@ static FA_TARGET void FA_NAME(few_scores)(const float *q, int64_t nr, const void
  * line at a time as these are read. */
 static FA_ALWAYS_INLINE FA_TARGET void few_pv_n_avx2(const float *p, const int nr, const void *v,
                                                      const int dt, int64_t ld, int64_t Dvp,
-                                                     int64_t nk, int64_t ahead, float *tile)
+                                                     int64_t nk, int64_t ahead, int from,
+                                                     float *tile)
 {
     const int64_t esz = (int64_t)fa_dtype_size(dt);
     const int contig = ld == Dvp;
@@ -724,8 +725,10 @@ static FA_ALWAYS_INLINE FA_TARGET void few_pv_n_avx2(const float *p, const int n
     for (c = 0; c < Dvp; c += 16) {
         __m256 a0[FA_FEW_ROWS], a1[FA_FEW_ROWS];
         const int fetch = ahead && ((c * esz) & 63) == 0;
-        for (r = 0; r < nr; r++)
-            a0[r] = a1[r] = _mm256_setzero_ps();
+        for (r = 0; r < nr; r++) {
+            a0[r] = from ? _mm256_loadu_ps(tile + r * Dvp + c) : _mm256_setzero_ps();
+            a1[r] = from ? _mm256_loadu_ps(tile + r * Dvp + c + 8) : _mm256_setzero_ps();
+        }
         for (jj = 0; jj < nk; jj++) {
             const char *vr = (const char *)v + (jj * ld + c) * esz;
             const __m256 v0 = load8_avx2(vr, dt), v1 = load8_avx2(vr + 8 * esz, dt);
@@ -746,31 +749,32 @@ static FA_ALWAYS_INLINE FA_TARGET void few_pv_n_avx2(const float *p, const int n
 
 static FA_ALWAYS_INLINE FA_TARGET void few_pv_dt_avx2(const float *p, int64_t nr, const void *v,
                                                       const int dt, int64_t ld, int64_t Dvp,
-                                                      int64_t nk, int64_t room, float *tile)
+                                                      int64_t nk, int64_t room, int from,
+                                                      float *tile)
 {
     const int64_t ahead = fa_ahead(room, ld, Dvp, (int64_t)fa_dtype_size(dt));
     for (; nr > 6; nr -= 4, p += 4 * FA_BK, tile += 4 * Dvp) /* twelve accumulators at most */
-        few_pv_n_avx2(p, 4, v, dt, ld, Dvp, nk, ahead, tile);
+        few_pv_n_avx2(p, 4, v, dt, ld, Dvp, nk, ahead, from, tile);
     switch (nr) {
-    case 1: few_pv_n_avx2(p, 1, v, dt, ld, Dvp, nk, ahead, tile); break;
-    case 2: few_pv_n_avx2(p, 2, v, dt, ld, Dvp, nk, ahead, tile); break;
-    case 3: few_pv_n_avx2(p, 3, v, dt, ld, Dvp, nk, ahead, tile); break;
-    case 4: few_pv_n_avx2(p, 4, v, dt, ld, Dvp, nk, ahead, tile); break;
-    case 5: few_pv_n_avx2(p, 5, v, dt, ld, Dvp, nk, ahead, tile); break;
-    default: few_pv_n_avx2(p, 6, v, dt, ld, Dvp, nk, ahead, tile); break;
+    case 1: few_pv_n_avx2(p, 1, v, dt, ld, Dvp, nk, ahead, from, tile); break;
+    case 2: few_pv_n_avx2(p, 2, v, dt, ld, Dvp, nk, ahead, from, tile); break;
+    case 3: few_pv_n_avx2(p, 3, v, dt, ld, Dvp, nk, ahead, from, tile); break;
+    case 4: few_pv_n_avx2(p, 4, v, dt, ld, Dvp, nk, ahead, from, tile); break;
+    case 5: few_pv_n_avx2(p, 5, v, dt, ld, Dvp, nk, ahead, from, tile); break;
+    default: few_pv_n_avx2(p, 6, v, dt, ld, Dvp, nk, ahead, from, tile); break;
     }
 }
 
 static FA_TARGET void FA_NAME(few_pv)(const float *p, int64_t nr, const void *v, int dt,
                                       int64_t ld, int64_t Dvp, int64_t nk, int64_t room,
-                                      float *tile)
+                                      int from, float *tile)
 {
     if (dt == FA_DTYPE_F16)
-        few_pv_dt_avx2(p, nr, v, FA_DTYPE_F16, ld, Dvp, nk, room, tile);
+        few_pv_dt_avx2(p, nr, v, FA_DTYPE_F16, ld, Dvp, nk, room, from, tile);
     else if (dt == FA_DTYPE_BF16)
-        few_pv_dt_avx2(p, nr, v, FA_DTYPE_BF16, ld, Dvp, nk, room, tile);
+        few_pv_dt_avx2(p, nr, v, FA_DTYPE_BF16, ld, Dvp, nk, room, from, tile);
     else
-        few_pv_dt_avx2(p, nr, v, FA_DTYPE_F32, ld, Dvp, nk, room, tile);
+        few_pv_dt_avx2(p, nr, v, FA_DTYPE_F32, ld, Dvp, nk, room, from, tile);
 }
 #endif
 

@@ -444,7 +444,7 @@ static FA_ALWAYS_INLINE FA_TARGET void few_pv_block_avx512(const float *p, const
                                                            const int W, const void *v,
                                                            const int dt, int64_t ld, int64_t c,
                                                            int64_t Dvp, int64_t nk,
-                                                           int64_t ahead, float *tile)
+                                                           int64_t ahead, int from, float *tile)
 {
     const int64_t esz = (int64_t)fa_dtype_size(dt);
     /* bfloat16, 64 columns: a 32-bit lane of a 64-byte load holds two
@@ -456,9 +456,24 @@ static FA_ALWAYS_INLINE FA_TARGET void few_pv_block_avx512(const float *p, const
     __m512 acc[6][4];
     int64_t jj, b;
     int r, x;
-    for (r = 0; r < nr; r++)
-        for (x = 0; x < W; x++)
-            acc[r][x] = _mm512_setzero_ps();
+    if (from && split) { /* each sum goes on from the tile's value: columns split apart */
+        const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26,
+                                             28, 30);
+        const __m512i od = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27,
+                                             29, 31);
+        for (r = 0; r < nr; r++)
+            for (x = 0; x < 2; x++) {
+                const float *t = tile + r * Dvp + c + 32 * x;
+                const __m512 t0 = _mm512_loadu_ps(t), t1 = _mm512_loadu_ps(t + 16);
+                acc[r][2 * x] = _mm512_permutex2var_ps(t0, ev, t1);
+                acc[r][2 * x + 1] = _mm512_permutex2var_ps(t0, od, t1);
+            }
+    } else {
+        for (r = 0; r < nr; r++)
+            for (x = 0; x < W; x++)
+                acc[r][x] = from ? _mm512_loadu_ps(tile + r * Dvp + c + 16 * x)
+                                 : _mm512_setzero_ps();
+    }
     for (jj = 0; jj < nk; jj++) {
         const char *vr = (const char *)v + (jj * ld + c) * esz;
         __m512 vx[4];
@@ -503,43 +518,45 @@ static FA_ALWAYS_INLINE FA_TARGET void few_pv_block_avx512(const float *p, const
 /* nr <= 6 rows: 64 columns a pass (24 accumulators at most), then 16. */
 static FA_ALWAYS_INLINE FA_TARGET void few_pv_n_avx512(const float *p, const int nr, const void *v,
                                                        const int dt, int64_t ld, int64_t Dvp,
-                                                       int64_t nk, int64_t ahead, float *tile)
+                                                       int64_t nk, int64_t ahead, int from,
+                                                       float *tile)
 {
     int64_t c = 0;
     for (; c + 64 <= Dvp; c += 64)
-        few_pv_block_avx512(p, nr, 4, v, dt, ld, c, Dvp, nk, ahead, tile);
+        few_pv_block_avx512(p, nr, 4, v, dt, ld, c, Dvp, nk, ahead, from, tile);
     for (; c < Dvp; c += 16)
-        few_pv_block_avx512(p, nr, 1, v, dt, ld, c, Dvp, nk, ahead, tile);
+        few_pv_block_avx512(p, nr, 1, v, dt, ld, c, Dvp, nk, ahead, from, tile);
 }
 
 static FA_ALWAYS_INLINE FA_TARGET void few_pv_dt_avx512(const float *p, int64_t nr, const void *v,
                                                         const int dt, int64_t ld, int64_t Dvp,
-                                                        int64_t nk, int64_t room, float *tile)
+                                                        int64_t nk, int64_t room, int from,
+                                                        float *tile)
 {
     /* the value rows of the tile that follows, where they do, are fetched ahead */
     const int64_t ahead = fa_ahead(room, ld, Dvp, (int64_t)fa_dtype_size(dt));
     for (; nr > 6; nr -= 4, p += 4 * FA_BK, tile += 4 * Dvp)
-        few_pv_n_avx512(p, 4, v, dt, ld, Dvp, nk, ahead, tile);
+        few_pv_n_avx512(p, 4, v, dt, ld, Dvp, nk, ahead, from, tile);
     switch (nr) {
-    case 1: few_pv_n_avx512(p, 1, v, dt, ld, Dvp, nk, ahead, tile); break;
-    case 2: few_pv_n_avx512(p, 2, v, dt, ld, Dvp, nk, ahead, tile); break;
-    case 3: few_pv_n_avx512(p, 3, v, dt, ld, Dvp, nk, ahead, tile); break;
-    case 4: few_pv_n_avx512(p, 4, v, dt, ld, Dvp, nk, ahead, tile); break;
-    case 5: few_pv_n_avx512(p, 5, v, dt, ld, Dvp, nk, ahead, tile); break;
-    default: few_pv_n_avx512(p, 6, v, dt, ld, Dvp, nk, ahead, tile); break;
+    case 1: few_pv_n_avx512(p, 1, v, dt, ld, Dvp, nk, ahead, from, tile); break;
+    case 2: few_pv_n_avx512(p, 2, v, dt, ld, Dvp, nk, ahead, from, tile); break;
+    case 3: few_pv_n_avx512(p, 3, v, dt, ld, Dvp, nk, ahead, from, tile); break;
+    case 4: few_pv_n_avx512(p, 4, v, dt, ld, Dvp, nk, ahead, from, tile); break;
+    case 5: few_pv_n_avx512(p, 5, v, dt, ld, Dvp, nk, ahead, from, tile); break;
+    default: few_pv_n_avx512(p, 6, v, dt, ld, Dvp, nk, ahead, from, tile); break;
     }
 }
 
 #define FA_HAVE_FEW_PV 1
 static FA_TARGET void few_pv_avx512(const float *p, int64_t nr, const void *v, int dt, int64_t ld,
-                                    int64_t Dvp, int64_t nk, int64_t room, float *tile)
+                                    int64_t Dvp, int64_t nk, int64_t room, int from, float *tile)
 {
     if (dt == FA_DTYPE_F16)
-        few_pv_dt_avx512(p, nr, v, FA_DTYPE_F16, ld, Dvp, nk, room, tile);
+        few_pv_dt_avx512(p, nr, v, FA_DTYPE_F16, ld, Dvp, nk, room, from, tile);
     else if (dt == FA_DTYPE_BF16)
-        few_pv_dt_avx512(p, nr, v, FA_DTYPE_BF16, ld, Dvp, nk, room, tile);
+        few_pv_dt_avx512(p, nr, v, FA_DTYPE_BF16, ld, Dvp, nk, room, from, tile);
     else
-        few_pv_dt_avx512(p, nr, v, FA_DTYPE_F32, ld, Dvp, nk, room, tile);
+        few_pv_dt_avx512(p, nr, v, FA_DTYPE_F32, ld, Dvp, nk, room, from, tile);
 }
 
 /*

@@ -224,20 +224,24 @@ def test_decode_score_options_match_the_general_path(simd, rng):
 
 
 @pytest.mark.parametrize("kvdtype", ["float32", "float16", "bfloat16"])
-def test_decode_of_a_strided_cache_reads_all_kv_heads_at_once(simd, rng, threads, kvdtype):
+@pytest.mark.parametrize("D, Dv", [(40, 32), (24, 80)])
+def test_decode_of_a_strided_cache_reads_all_kv_heads_at_once(simd, rng, threads, kvdtype, D,
+                                                              Dv):
     # A (B, S, kv heads, D) cache decoded with GQA groups: one unit reads a key
-    # tile's rows for all kv heads at once (each head's rows its own products,
-    # with its own non-finite check). Every option, and a NaN / inf value in
-    # one head only (masked in some rows' ranges, allowed in others), must
-    # give the bits of the contiguous cache.
+    # tile's rows for all kv heads at once, 16 keys at a time (each head's rows
+    # its own products, each P.V sum going on from the previous keys', with
+    # its own non-finite check). Every option, and a NaN / inf value in one
+    # head only (masked in some rows' ranges, allowed in others), must give
+    # the bits of the contiguous cache. S = 1300 ends in a tile of 20 keys;
+    # Dv = 80 takes the 64-column P.V blocks and a 16-column one.
     if kvdtype == "bfloat16":
         dt = pytest.importorskip("ml_dtypes").bfloat16
     else:
         dt = np.dtype(kvdtype)
-    B, H, Hkv, S, D = 2, 12, 4, 1300, 40
+    B, H, Hkv, S = 2, 12, 4, 1300
     q = qkv(rng, (B, H, 1, D), (1,), (1,))[0]
     k = rng.standard_normal((B, S, Hkv, D)).astype(dt).transpose(0, 2, 1, 3)
-    v = rng.standard_normal((B, S, Hkv, 32)).astype(dt).transpose(0, 2, 1, 3)
+    v = rng.standard_normal((B, S, Hkv, Dv)).astype(dt).transpose(0, 2, 1, 3)
     v[1, 2, 1100] = np.nan  # kv head 2 of batch item 1 only
     v[0, 1, 40] = np.inf
     slopes = rng.uniform(0.01, 0.5, H).astype(np.float32)
