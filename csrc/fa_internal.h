@@ -227,18 +227,17 @@ static inline void fa_prefetch(const void *p, int64_t off)
 }
 
 /*
- * The few-rows (decoding) kernels fetch a full key tile's rows ahead as they
- * read a tile: rows that follow each other (a contiguous cache, whose stream
- * the hardware prefetchers also follow) FA_AHEAD_CONTIG tiles ahead into the
+ * The few-rows (decoding) kernels fetch the key rows ahead as they read a
+ * tile: rows that follow each other (a contiguous cache, whose stream the
+ * hardware prefetchers also follow) FA_AHEAD_CONTIG tiles ahead into the
  * level-2 cache; rows that lie apart (the kv heads of a (B, S, H, D) cache
- * interleaved) the next tile into level 1, where its rows fit a third of
- * that cache (FA_AHEAD_L1_BYTES; a bigger tile's fetches evict the rows being
- * read, and it gets none). (On the Xeon of the README, a
- * level-1 fetch of contiguous rows held the loads up more than it gave, and
- * a level-2 one of interleaved rows came too late.) fa_ahead: the distance in
- * bytes (0: none) for a tile whose rows are rs elements of esz bytes apart,
- * rows of n elements, and which room rows follow (fa_kv_room);
- * fa_prefetch_rows: the fetch it goes with.
+ * interleaved) into level 1, as many rows ahead as hold FA_AHEAD_ROW_BYTES
+ * of the rows' own elements (at least one, at most a tile). (On the Xeon of
+ * the README, a level-1 fetch of contiguous rows held the loads up more than
+ * it gave, and a level-2 one of interleaved rows came too late.) fa_ahead:
+ * the distance in bytes (0: none) for a tile whose rows are rs elements of
+ * esz bytes apart, rows of n elements, and which room rows follow
+ * (fa_kv_room); fa_prefetch_rows: the fetch it goes with.
  */
 #define FA_AHEAD_CONTIG 2
 #define FA_AHEAD_MAX 2 /* tiles: the farthest any kernel fetches ahead */
@@ -253,21 +252,23 @@ static inline int64_t fa_ahead_tiles(int64_t room, int64_t tiles, int64_t rs, in
     return tiles * FA_BK * rs * esz;
 }
 
-/* Interleaved rows are fetched into level 1 only where a tile's rows (n
- * elements each) take at most this many bytes: on the Xeon of the README
- * (48 KiB of L1 data cache), decoding from a (B, S, H, D) cache 16 keys at a
- * time for all kv heads (sdpa_unit's FA_FEW_SUBK), a float32 tile of D = 128
- * (32 KiB) ran 1.06-1.08x faster with the fetches and one of D = 256
- * (64 KiB) 1.10x slower; float16 of D = 256 (32 KiB) 1.04x faster. (Before
- * the 16-key steps, when each head read a whole tile, float32 D = 128 ran
- * 1.12-1.24x faster without them.) */
-#define FA_AHEAD_L1_BYTES 32768
+/* Interleaved rows are fetched this many bytes of their own elements ahead.
+ * On the Xeon of the README's ninth round (48 KiB of L1 data cache),
+ * decoding 32/8 heads 16 keys at a time for all kv heads (sdpa_unit's
+ * FA_FEW_SUBK), 4 KiB against a whole tile ahead (what this replaced, for
+ * tiles of at most 32 KiB, none for bigger ones): float32 D = 128 1.09x,
+ * float16 and bfloat16 1.03x, float32 D = 64 1.06x, D = 256 the same; 2 KiB
+ * was slower for float16 (0.95x), 8 KiB for float32 D = 256 (0.92x). */
+#define FA_AHEAD_ROW_BYTES 4096
 
 static inline int64_t fa_ahead(int64_t room, int64_t rs, int64_t n, int64_t esz)
 {
-    if (rs != n && FA_BK * n * esz > FA_AHEAD_L1_BYTES)
-        return 0;
-    return fa_ahead_tiles(room, rs == n ? FA_AHEAD_CONTIG : 1, rs, esz);
+    int64_t rows;
+    if (rs == n)
+        return fa_ahead_tiles(room, FA_AHEAD_CONTIG, rs, esz);
+    rows = n * esz > 0 ? FA_AHEAD_ROW_BYTES / (n * esz) : FA_BK;
+    rows = rows < 1 ? 1 : (rows > FA_BK ? FA_BK : rows);
+    return room >= rows ? rows * rs * esz : 0;
 }
 
 /*
