@@ -256,9 +256,10 @@ static inline int64_t fa_ahead_tiles(int64_t room, int64_t tiles, int64_t rs, in
  * On the Xeon of the README's ninth round (48 KiB of L1 data cache),
  * decoding 32/8 heads 16 keys at a time for all kv heads (sdpa_unit's
  * FA_FEW_SUBK), 4 KiB against a whole tile ahead (what this replaced, for
- * tiles of at most 32 KiB, none for bigger ones): float32 D = 128 1.09x,
- * float16 and bfloat16 1.03x, float32 D = 64 1.06x, D = 256 the same; 2 KiB
- * was slower for float16 (0.95x), 8 KiB for float32 D = 256 (0.92x). */
+ * tiles of at most 32 KiB, none for bigger ones): float32 D = 128
+ * 1.07-1.09x, float16 and bfloat16 1.01-1.03x, float32 D = 64 1.06-1.07x,
+ * D = 256 the same; 2 KiB was slower for float16 (0.95x), 8 KiB for float32
+ * D = 256 (0.92x). */
 #define FA_AHEAD_ROW_BYTES 4096
 
 static inline int64_t fa_ahead(int64_t room, int64_t rs, int64_t n, int64_t esz)

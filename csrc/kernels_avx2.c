@@ -709,7 +709,8 @@ static FA_TARGET void FA_NAME(few_scores)(const float *q, int64_t nr, const void
 /* tile[r * Dvp + c] = sum over jj < nk of p[r * FA_BK + jj] v[jj * ld + c] for
  * the nr rows, the value rows read in place (ld elements of dtype dt apart,
  * Dvp of them a row, converted by load8_avx2): gemm_block_avx2's sum, one
- * fused multiply-add per key, jj ascending from 0, 16 columns at a time. nr
+ * fused multiply-add per key, jj ascending from 0 (from: going on from the
+ * tile's value, as kernels.inc's few_pv), 16 columns at a time. nr
  * and dt are constants in each inlined copy. The value rows of the tile that
  * follows, where they do (ahead: fa_ahead's distance), are fetched ahead, a
  * line at a time as these are read. */
