@@ -226,6 +226,28 @@ static inline void fa_prefetch(const void *p, int64_t off)
 #endif
 }
 
+/* CALL(n) with n the constant equal to nr (1 .. 8; FA_CONST_ROWS6: 1 .. 6,
+ * more taken as 6), so that each of a variant's few-rows kernels is inlined
+ * once per row count, its accumulators in registers. */
+#define FA_ROWS_CASES5(CALL)                                                                   \
+    case 1: CALL(1); break;                                                                    \
+    case 2: CALL(2); break;                                                                    \
+    case 3: CALL(3); break;                                                                    \
+    case 4: CALL(4); break;                                                                    \
+    case 5: CALL(5); break;
+#define FA_CONST_ROWS6(nr, CALL)                                                               \
+    switch (nr) {                                                                              \
+    FA_ROWS_CASES5(CALL)                                                                       \
+    default: CALL(6); break;                                                                   \
+    }
+#define FA_CONST_ROWS8(nr, CALL)                                                               \
+    switch (nr) {                                                                              \
+    FA_ROWS_CASES5(CALL)                                                                       \
+    case 6: CALL(6); break;                                                                    \
+    case 7: CALL(7); break;                                                                    \
+    default: CALL(8); break;                                                                   \
+    }
+
 /*
  * The few-rows (decoding) kernels fetch the key rows ahead as they read a
  * tile: rows that follow each other (a contiguous cache, whose stream the

@@ -680,16 +680,9 @@ static FA_ALWAYS_INLINE FA_TARGET void few_scores_dt_avx2(const float *q, int64_
 {
     /* the rows of the tile that follows, where they do, are fetched ahead */
     const int64_t ahead = fa_ahead(room, rs, D, (int64_t)fa_dtype_size(dt));
-    switch (nr) {
-    case 1: few_scores_n_avx2(q, 1, k, dt, rs, D, nk, ahead, s); break;
-    case 2: few_scores_n_avx2(q, 2, k, dt, rs, D, nk, ahead, s); break;
-    case 3: few_scores_n_avx2(q, 3, k, dt, rs, D, nk, ahead, s); break;
-    case 4: few_scores_n_avx2(q, 4, k, dt, rs, D, nk, ahead, s); break;
-    case 5: few_scores_n_avx2(q, 5, k, dt, rs, D, nk, ahead, s); break;
-    case 6: few_scores_n_avx2(q, 6, k, dt, rs, D, nk, ahead, s); break;
-    case 7: few_scores_n_avx2(q, 7, k, dt, rs, D, nk, ahead, s); break;
-    default: few_scores_n_avx2(q, 8, k, dt, rs, D, nk, ahead, s); break;
-    }
+#define FA_CALL(n) few_scores_n_avx2(q, n, k, dt, rs, D, nk, ahead, s)
+    FA_CONST_ROWS8(nr, FA_CALL)
+#undef FA_CALL
 }
 
 static FA_TARGET void FA_NAME(few_scores)(const float *q, int64_t nr, const void *k, int dt,
@@ -756,14 +749,9 @@ static FA_ALWAYS_INLINE FA_TARGET void few_pv_dt_avx2(const float *p, int64_t nr
     const int64_t ahead = fa_ahead(room, ld, Dvp, (int64_t)fa_dtype_size(dt));
     for (; nr > 6; nr -= 4, p += 4 * FA_BK, tile += 4 * Dvp) /* twelve accumulators at most */
         few_pv_n_avx2(p, 4, v, dt, ld, Dvp, nk, ahead, from, tile);
-    switch (nr) {
-    case 1: few_pv_n_avx2(p, 1, v, dt, ld, Dvp, nk, ahead, from, tile); break;
-    case 2: few_pv_n_avx2(p, 2, v, dt, ld, Dvp, nk, ahead, from, tile); break;
-    case 3: few_pv_n_avx2(p, 3, v, dt, ld, Dvp, nk, ahead, from, tile); break;
-    case 4: few_pv_n_avx2(p, 4, v, dt, ld, Dvp, nk, ahead, from, tile); break;
-    case 5: few_pv_n_avx2(p, 5, v, dt, ld, Dvp, nk, ahead, from, tile); break;
-    default: few_pv_n_avx2(p, 6, v, dt, ld, Dvp, nk, ahead, from, tile); break;
-    }
+#define FA_CALL(n) few_pv_n_avx2(p, n, v, dt, ld, Dvp, nk, ahead, from, tile)
+    FA_CONST_ROWS6(nr, FA_CALL)
+#undef FA_CALL
 }
 
 static FA_TARGET void FA_NAME(few_pv)(const float *p, int64_t nr, const void *v, int dt,

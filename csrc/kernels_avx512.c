@@ -537,14 +537,9 @@ static FA_ALWAYS_INLINE FA_TARGET void few_pv_dt_avx512(const float *p, int64_t 
     const int64_t ahead = fa_ahead(room, ld, Dvp, (int64_t)fa_dtype_size(dt));
     for (; nr > 6; nr -= 4, p += 4 * FA_BK, tile += 4 * Dvp)
         few_pv_n_avx512(p, 4, v, dt, ld, Dvp, nk, ahead, from, tile);
-    switch (nr) {
-    case 1: few_pv_n_avx512(p, 1, v, dt, ld, Dvp, nk, ahead, from, tile); break;
-    case 2: few_pv_n_avx512(p, 2, v, dt, ld, Dvp, nk, ahead, from, tile); break;
-    case 3: few_pv_n_avx512(p, 3, v, dt, ld, Dvp, nk, ahead, from, tile); break;
-    case 4: few_pv_n_avx512(p, 4, v, dt, ld, Dvp, nk, ahead, from, tile); break;
-    case 5: few_pv_n_avx512(p, 5, v, dt, ld, Dvp, nk, ahead, from, tile); break;
-    default: few_pv_n_avx512(p, 6, v, dt, ld, Dvp, nk, ahead, from, tile); break;
-    }
+#define FA_CALL(n) few_pv_n_avx512(p, n, v, dt, ld, Dvp, nk, ahead, from, tile)
+    FA_CONST_ROWS6(nr, FA_CALL)
+#undef FA_CALL
 }
 
 #define FA_HAVE_FEW_PV 1
@@ -891,16 +886,9 @@ static FA_ALWAYS_INLINE FA_TARGET void few_scores_dt_avx512(const float *q, int6
                                                             int64_t rs, int64_t D, int64_t nk,
                                                             int64_t room, float *s)
 {
-    switch (nr) {
-    case 1: few_scores_n_avx512(q, 1, k, dt, rs, D, nk, room, s); break;
-    case 2: few_scores_n_avx512(q, 2, k, dt, rs, D, nk, room, s); break;
-    case 3: few_scores_n_avx512(q, 3, k, dt, rs, D, nk, room, s); break;
-    case 4: few_scores_n_avx512(q, 4, k, dt, rs, D, nk, room, s); break;
-    case 5: few_scores_n_avx512(q, 5, k, dt, rs, D, nk, room, s); break;
-    case 6: few_scores_n_avx512(q, 6, k, dt, rs, D, nk, room, s); break;
-    case 7: few_scores_n_avx512(q, 7, k, dt, rs, D, nk, room, s); break;
-    default: few_scores_n_avx512(q, 8, k, dt, rs, D, nk, room, s); break;
-    }
+#define FA_CALL(n) few_scores_n_avx512(q, n, k, dt, rs, D, nk, room, s)
+    FA_CONST_ROWS8(nr, FA_CALL)
+#undef FA_CALL
 }
 
 static FA_TARGET void few_scores_avx512(const float *q, int64_t nr, const void *k, int dt,
