@@ -859,6 +859,11 @@ static FA_ALWAYS_INLINE FA_TARGET void few_block_avx512(const float *q, const in
 #undef FA_KEY
 }
 
+/* few_block_avx512 writes whole blocks of 16 score columns: the key runs
+ * sdpa_unit hands it (FA_FEW_SUBK keys, the last run of a tile shorter) start
+ * on a block and leave room for one in the row. */
+typedef char fa_avx512_few_subk[(FA_FEW_SUBK % 16 == 0 && FA_BK % FA_FEW_SUBK == 0) ? 1 : -1];
+
 static FA_ALWAYS_INLINE FA_TARGET void few_scores_n_avx512(const float *q, const int nr,
                                                            const void *k, const int dt,
                                                            int64_t rs, int64_t D, int64_t nk,
