@@ -53,32 +53,33 @@ static void scratch_free(fa_scratch *w)
 
 #define FA_SCRATCH_BUFFERS 21 /* the buffers of fa_scratch */
 
-static int scratch_alloc(fa_scratch *w, int64_t D, int64_t Dv)
+/* Scratch for units of at most bq rows (FA_BQ_IN_PLACE or FA_BQ). */
+static int scratch_alloc(fa_scratch *w, int64_t D, int64_t Dv, int64_t bq)
 {
-    const size_t Dp = (size_t)D, Dvp = (size_t)((Dv + FA_NR - 1) / FA_NR * FA_NR);
+    const size_t Dp = (size_t)D, Dvp = (size_t)((Dv + FA_NR - 1) / FA_NR * FA_NR), B = (size_t)bq;
     /* the buffers' sizes in bytes, in the order they are carved */
     const size_t sizes[FA_SCRATCH_BUFFERS] = {
-        FA_BQ * Dp * sizeof(float),            /* qpad */
+        B * Dp * sizeof(float),                /* qpad */
         Dp * FA_BK * sizeof(float),            /* kt */
-        FA_BQ * FA_BK * sizeof(float),         /* sc */
+        B * FA_BK * sizeof(float),             /* sc */
         (FA_BK * Dvp + 1) * sizeof(float),     /* vpad */
-        (FA_BQ * Dvp + 1) * sizeof(float),     /* tile */
-        (FA_BQ * Dvp + 1) * sizeof(float),     /* acc */
-        FA_BQ * sizeof(float),                 /* m */
-        FA_BQ * sizeof(float),                 /* alpha */
-        FA_BQ * sizeof(double),                /* l */
-        FA_BQ * sizeof(int64_t),               /* lo */
-        FA_BQ * sizeof(int64_t),               /* hi */
-        FA_BQ,                                 /* live */
+        (B * Dvp + 1) * sizeof(float),         /* tile */
+        (B * Dvp + 1) * sizeof(float),         /* acc */
+        B * sizeof(float),                     /* m */
+        B * sizeof(float),                     /* alpha */
+        B * sizeof(double),                    /* l */
+        B * sizeof(int64_t),                   /* lo */
+        B * sizeof(int64_t),                   /* hi */
+        B,                                     /* live */
         FA_MAX_MR * FA_BK * sizeof(float),     /* prow */
         (FA_BK * Dvp + 1) * sizeof(float),     /* vrow */
-        FA_BQ * FA_BK,                         /* allow */
-        FA_BQ * sizeof(float),                 /* mt */
-        FA_BQ * sizeof(double),                /* lt */
-        (FA_BQ * Dvp + 1) * sizeof(float),     /* acct */
-        FA_BQ * sizeof(float),                 /* tmax */
+        B * FA_BK,                             /* allow */
+        B * sizeof(float),                     /* mt */
+        B * sizeof(double),                    /* lt */
+        (B * Dvp + 1) * sizeof(float),         /* acct */
+        B * sizeof(float),                     /* tmax */
         FA_MAX_MR * FA_NR * sizeof(float),     /* pvo */
-        FA_BQ * Dp * sizeof(float),            /* qt */
+        B * Dp * sizeof(float),                /* qt */
     };
     void **slots[FA_SCRATCH_BUFFERS];
     size_t offs[FA_SCRATCH_BUFFERS], total = 0;
@@ -125,6 +126,7 @@ static int scratch_alloc(fa_scratch *w, int64_t D, int64_t Dv)
 #endif
     }
     w->Dvp = (int64_t)Dvp;
+    w->bq = bq;
     return FA_OK;
 }
 
@@ -202,9 +204,10 @@ static int check_args(const fa_attn_args *a, int nthreads)
 }
 
 /* The geometry of the work units (see fa_unit): query tile t is rows
- * [t nq, (t + 1) nq), or with cuts [qcut[t], qcut[t + 1]) (at most nq rows). */
+ * [t nq, (t + 1) nq), or with cuts [qcut[t], qcut[t + 1]) (at most nq rows);
+ * a unit holds at most bq rows. */
 typedef struct {
-    int64_t G, kvh, nh, nhs, nq, nqt, nunits;
+    int64_t G, kvh, nh, nhs, nq, nqt, nunits, bq;
     const int64_t *qcut;
 } fa_units;
 
@@ -220,16 +223,17 @@ static int shares_rows(const fa_attn_args *a, int64_t b, int64_t c)
 /* Decoding (a GQA group's query rows fit the few-rows kernels) from k and v
  * whose kv heads share their rows: how many consecutive groups of G items
  * (each sharing its k and v) read the same rows, if the whole batch is made
- * of such runs (at most FA_BQ rows in all); else 1. A unit of those groups
- * reads each key tile's rows for all of them, where separate units would
- * each read a fraction of every row, one row per memory page. */
+ * of such runs (at most FA_BQ_IN_PLACE rows in all); else 1. A unit of
+ * those groups reads each key tile's rows for all of them, where separate
+ * units would each read a fraction of every row, one row per memory page. */
 static int64_t row_groups(const fa_attn_args *a, int64_t G)
 {
     int64_t m = 1, b, i;
     if (a->L * G > FA_FEW_ROWS || a->Dv <= 0 || a->Dv % FA_NR != 0 || a->S <= 0
         || (a->k_rs == a->D && a->v_rs == a->Dv))
         return 1;
-    while ((m + 1) * G <= a->nbatch && (m + 1) * G * a->L <= FA_BQ && shares_rows(a, m * G, 0))
+    while ((m + 1) * G <= a->nbatch && (m + 1) * G * a->L <= FA_BQ_IN_PLACE
+           && shares_rows(a, m * G, 0))
         m++;
     if (m == 1 || a->nbatch % (m * G) != 0)
         return 1;
@@ -286,8 +290,9 @@ static int64_t doc_tiles(const fa_attn_args *a, int64_t nq, int64_t *cut)
 
 /* The units of a: groups of G items (several kv heads' groups, rows: see
  * row_groups) cut into slices of nh heads and tiles of nq query rows (a
- * unit holds at most FA_BQ rows). threads: the threads to feed, to let a unit
- * hold several kv heads (the SDPA kernel: as many as leave at least two
+ * unit holds at most bq rows: FA_BQ where its value tiles are copied, see
+ * fa_v_in_place). threads: the threads to feed, to let a unit hold several
+ * kv heads (the SDPA kernel: as many as leave at least two
  * work items, units times key chunks, a thread), or 0 for one kv head a unit
  * (the weights). cut: room for doc_tiles (doc_tiles_room(a)), or NULL. */
 static fa_units unit_geometry(const fa_attn_args *a, int threads, int64_t *cut)
@@ -305,9 +310,12 @@ static fa_units unit_geometry(const fa_attn_args *a, int threads, int64_t *cut)
         }
         g.G *= m;
     }
-    g.nh = g.G < FA_BQ ? g.G : FA_BQ;          /* heads per unit */
+    g.bq = threads > 0 && a->L * g.G > FA_FEW_ROWS && a->Dv > 0
+                   && !fa_v_in_place(a->v_dtype, a->v_rs, a->Dv)
+               ? FA_BQ : FA_BQ_IN_PLACE;       /* (not decoding, nor the weights) */
+    g.nh = g.G < g.bq ? g.G : g.bq;            /* heads per unit */
     g.nhs = (g.G + g.nh - 1) / g.nh;           /* head slices per group */
-    g.nq = FA_BQ / g.nh;                       /* query rows per head */
+    g.nq = g.bq / g.nh;                        /* query rows per head */
     g.nq = a->L < g.nq ? (a->L > 0 ? a->L : 1) : g.nq;
     g.nqt = (a->L + g.nq - 1) / g.nq;          /* query tiles */
     g.qcut = NULL;
@@ -400,6 +408,7 @@ typedef struct {
     fa_item *items; /* nitems work items, then nfold fold items (split runs) */
     int64_t nitems, nfold;
     int64_t nrmax, Dvp; /* partials: rows per slot (the largest unit), floats per row */
+    int64_t bq;         /* the scratch's rows: the largest of the problems' bq */
     float *pm, *pacc;
     double *pl;
     unsigned char *vflags; /* the problems' value-tile records, one allocation */
@@ -506,6 +515,8 @@ static int plan_build(const fa_attn_args *a, int64_t nprob, int split, int nthre
                     * (double)(q->D + q->Dv);
         if (pr[p].g.nh * pr[p].g.nq > pl->nrmax)
             pl->nrmax = pr[p].g.nh * pr[p].g.nq;
+        if (pr[p].g.bq > pl->bq)
+            pl->bq = pr[p].g.bq;
     }
     qsort(pr, (size_t)nprob, sizeof *pr, problem_cmp);
     pl->nprob = nprob;
@@ -648,7 +659,7 @@ static int plan_run(const fa_plan *pl, float *out, float *lse, float *weights, i
     {
         fa_scratch w;
         int64_t t, n, c, r;
-        int ok = scratch_alloc(&w, pl->pr[0].a->D, pl->pr[0].a->Dv) == FA_OK;
+        int ok = scratch_alloc(&w, pl->pr[0].a->D, pl->pr[0].a->Dv, pl->bq) == FA_OK;
         if (!ok) {
 #ifdef _OPENMP
 #pragma omp critical(fastattn_status)

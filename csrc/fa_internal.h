@@ -264,6 +264,25 @@ static inline void fa_prefetch(const void *p, int64_t off)
 #define FA_AHEAD_CONTIG 2
 #define FA_AHEAD_MAX 2 /* tiles: the farthest any kernel fetches ahead */
 
+/* 1 if the value rows of a tile (dtype dt, rs elements apart, Dv floats a
+ * row) are read in place by the micro-kernel: float32, Dv a multiple of
+ * FA_NR, and rows that follow each other or lie apart by other than a
+ * multiple of 1 KiB (a packed (T, H, D) batch or a (B, S, H, D) view of 8
+ * heads of 128: 4 KiB). The micro-kernel reads each NR-column slice of the
+ * tile's rows once per block of MR query rows, and rows that far apart fall
+ * into the same few L1 sets (64 sets of 64 bytes: 4 KiB), which then hold
+ * only a fraction of the tile. Otherwise each unit copies (converts) every
+ * value tile it meets into its scratch (kernels.inc's v_tile), and units of
+ * FA_BQ rather than FA_BQ_IN_PLACE rows make half the copies a row (on the
+ * Xeon of the README's tenth round, 1.05-1.07x for (B, L, H, D) views and
+ * float16 values at L = S = 2048-4096; in-place units of 192 rows lost up to
+ * 3% on causal prefill). */
+static inline int fa_v_in_place(int dt, int64_t rs, int64_t Dv)
+{
+    return dt == FA_DTYPE_F32 && Dv % FA_NR == 0
+           && (rs == Dv || (rs * (int64_t)sizeof(float)) % 1024 != 0);
+}
+
 /* The distance in bytes of up to `tiles` key tiles ahead, as many as the room
  * rows after the tile hold (fa_kv_room), rows rs elements of esz bytes apart:
  * every kernel's fetches ahead are bounded here. */

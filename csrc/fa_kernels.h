@@ -23,7 +23,13 @@
 #define FA_HAVE_X86_VARIANTS 1
 #endif
 
-#define FA_BQ 96 /* query rows per attention work unit (a multiple of every MR) */
+/* Query rows per attention work unit (multiples of every MR and of the
+ * rows-as-lanes kernels' FA_QT_ROWS): FA_BQ_IN_PLACE where a unit reads its
+ * value tiles in place, FA_BQ (the most, the scratch's rows) where it copies
+ * each of them (fa_v_in_place in fa_internal.h; attention.c's
+ * unit_geometry). */
+#define FA_BQ 192
+#define FA_BQ_IN_PLACE 96
 #define FA_BK 64 /* keys per tile */
 #define FA_NR 16 /* columns of a micro-kernel block: Dv is padded to it */
 /* Keys per chunk (a multiple of FA_BK). A row's keys are reduced chunk by
@@ -63,33 +69,36 @@ typedef struct {
     float *acc;
 } fa_partial;
 
-/* Per-thread working memory of the attention kernels (sizes in fa_scratch_alloc). */
+/* Per-thread working memory of the attention kernels (sizes in attention.c's scratch_alloc). */
 typedef struct {
     int64_t Dvp;      /* Dv rounded up to FA_NR */
-    float *qpad;      /* FA_BQ x D    the unit's query rows, zero rows to a multiple of MR
+    int64_t bq;       /* the most rows of a unit (FA_BQ_IN_PLACE or FA_BQ), the
+                       * rows of the buffers below; qt_tile's P^T in sc has its key
+                       * rows bq floats apart */
+    float *qpad;      /* bq x D       the unit's query rows, zero rows to a multiple of MR
                        * (row by row, or in MR-row blocks d by d: pack_rows) */
     float *kt;        /* D x FA_BK    the key tile, transposed, zero padded (qt_tile: a
                        * short tile's key rows as they are, zero rows after) */
-    float *qt;        /* FA_BQ x D    the unit's query rows in blocks of FA_QT_LANES rows,
+    float *qt;        /* bq x D       the unit's query rows in blocks of FA_QT_LANES rows,
                        * d by d (a variant's rows-as-lanes kernels: qt_tile) */
-    float *sc;        /* FA_BQ x FA_BK scores, then probabilities */
+    float *sc;        /* bq x FA_BK scores, then probabilities */
     float *vpad;      /* FA_BK x Dvp  the value tile, zero padded */
-    float *tile;      /* FA_BQ x Dvp  one tile's P.V */
-    float *acc;       /* FA_BQ x Dvp  running accumulators */
-    float *m;         /* FA_BQ running maxima of the scores */
-    float *alpha;     /* FA_BQ rescale factors of the current tile */
-    float *tmax;      /* FA_BQ the rows' maxima with the current tile */
-    double *l;        /* FA_BQ running sums */
-    int64_t *lo, *hi; /* FA_BQ allowed key ranges */
-    unsigned char *live; /* FA_BQ: row has an allowed key in the current tile */
+    float *tile;      /* bq x Dvp     one tile's P.V */
+    float *acc;       /* bq x Dvp     running accumulators */
+    float *m;         /* bq running maxima of the scores */
+    float *alpha;     /* bq rescale factors of the current tile */
+    float *tmax;      /* bq the rows' maxima with the current tile */
+    double *l;        /* bq running sums */
+    int64_t *lo, *hi; /* bq allowed key ranges */
+    unsigned char *live; /* bq: row has an allowed key in the current tile */
     float *prow;      /* FA_MAX_MR x FA_BK one row's probabilities, zero padded */
     float *vrow;      /* FA_BK x Dvp  the value tile as one row weighs it */
     float *pvo;       /* FA_MAX_MR x FA_NR one micro-kernel block of that row's products */
-    unsigned char *allow; /* FA_BQ x FA_BK: key allowed (score > -inf), kept for
+    unsigned char *allow; /* bq x FA_BK: key allowed (score > -inf), kept for
                            * tiles whose value rows are not all finite */
-    float *mt;        /* FA_BQ       the rows' totals over the chunks done: max, */
-    double *lt;       /* FA_BQ       sum */
-    float *acct;      /* FA_BQ x Dvp and accumulators */
+    float *mt;        /* bq       the rows' totals over the chunks done: max, */
+    double *lt;       /* bq       sum */
+    float *acct;      /* bq x Dvp and accumulators */
     void *arena;      /* the one allocation that holds all of the above */
     /* Shared by the threads, set per work item (not part of the arena): the
      * call's record of which float32 value tiles are finite, vflag[b vflag_nt

@@ -273,7 +273,7 @@ typedef char FA_NAME(qt_keys)[FA_BK == 64 ? 1 : -1];
  * over four keys at a time. */
 static FA_ALWAYS_INLINE FA_TARGET int FA_NAME(qt_scores_body)(
     const float *qt, int64_t nrt, int64_t D, const float *k, int64_t rs, float scale,
-    const float *mold, float *pt, float *mnew, const int bounded, const int32_t *first,
+    const float *mold, float *pt, int64_t ldp, float *mnew, const int bounded, const int32_t *first,
     const int32_t *last, const int alibi, const float *slope, const float *base, int64_t nc)
 {
     const __m256 sv = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY),
@@ -323,8 +323,8 @@ static FA_ALWAYS_INLINE FA_TARGET int FA_NAME(qt_scores_body)(
             FA_ALLOW(s0, f0, l0)                                                               \
             FA_ALLOW(s1, f1, l1)                                                               \
         }                                                                                      \
-        _mm256_storeu_ps(pt + (g + (j)) * FA_BQ + p, s0);                                      \
-        _mm256_storeu_ps(pt + (g + (j)) * FA_BQ + p + 8, s1);                                  \
+        _mm256_storeu_ps(pt + (g + (j)) * ldp + p, s0);                                      \
+        _mm256_storeu_ps(pt + (g + (j)) * ldp + p + 8, s1);                                  \
         mx0 = _mm256_max_ps(s0, mx0);                                                          \
         mx1 = _mm256_max_ps(s1, mx1);                                                          \
     }
@@ -354,11 +354,12 @@ static FA_ALWAYS_INLINE FA_TARGET int FA_NAME(qt_scores_body)(
 
 static FA_TARGET int FA_NAME(qt_scores)(const float *qt, int64_t nrt, int64_t D, const float *k,
                                         int64_t rs, float scale, const float *mold, float *pt,
-                                        float *mnew, const int32_t *first, const int32_t *last,
-                                        const float *slope, const float *base, int64_t nc)
+                                        int64_t ldp, float *mnew, const int32_t *first,
+                                        const int32_t *last, const float *slope, const float *base,
+                                        int64_t nc)
 {
 #define FA_QT_CALL(bd, al)                                                                     \
-    FA_NAME(qt_scores_body)(qt, nrt, D, k, rs, scale, mold, pt, mnew, bd, first, last, al,     \
+    FA_NAME(qt_scores_body)(qt, nrt, D, k, rs, scale, mold, pt, ldp, mnew, bd, first, last, al, \
                             slope, base, nc)
     if (slope)
         return first ? FA_QT_CALL(1, 1) : FA_QT_CALL(0, 1);
@@ -369,14 +370,15 @@ static FA_TARGET int FA_NAME(qt_scores)(const float *qt, int64_t nrt, int64_t D,
 /* The weights of keys c + 8 i (i = 0 .. n - 1) for eight rows (from p, maxima
  * mv) in place, and their sum from +0 in that order: lane c of tile_exp's
  * register of sums. */
-static FA_ALWAYS_INLINE FA_TARGET __m256 FA_NAME(qt_part)(float *p, int c, __m256 mv, int n)
+static FA_ALWAYS_INLINE FA_TARGET __m256 FA_NAME(qt_part)(float *p, int64_t ldp, int c, __m256 mv,
+                                                          int n)
 {
     const __m256 log2e = _mm256_set1_ps(FA_LOG2E), ninf = _mm256_set1_ps(-INFINITY),
                  lo = _mm256_set1_ps(EXP2_NORMAL_LO);
     __m256 sum = _mm256_setzero_ps();
     int i;
     for (i = 0; i < n; i++) {
-        float *s = p + (int64_t)(c + 8 * i) * FA_BQ;
+        float *s = p + (int64_t)(c + 8 * i) * ldp;
         const __m256 e = exp2_masked_avx2(_mm256_loadu_ps(s), mv, log2e, ninf, lo);
         _mm256_storeu_ps(s, e);
         sum = _mm256_add_ps(sum, e);
@@ -386,19 +388,23 @@ static FA_ALWAYS_INLINE FA_TARGET __m256 FA_NAME(qt_part)(float *p, int c, __m25
 
 /* qt_exp_avx512's contract, eight rows a register: each row's sum hsum_avx2's
  * order over the partial sums of keys c, c + 8, ... below nc. */
-static FA_ALWAYS_INLINE FA_TARGET int FA_NAME(qt_exp_body)(float *pt, int64_t nrt,
-                                                           const float *mnew, float *sum,
-                                                           const int n)
+static FA_ALWAYS_INLINE FA_TARGET int FA_NAME(qt_exp_body)(float *pt, int64_t ldp,
+                                                           int64_t nrt, const float *mnew,
+                                                           float *sum, const int n)
 {
     __m256 bad = _mm256_setzero_ps();
     int64_t r;
     for (r = 0; r < nrt; r += 8) {
         const __m256 mv = _mm256_loadu_ps(mnew + r);
         float *p = pt + r;
-        const __m256 t0 = _mm256_add_ps(FA_NAME(qt_part)(p, 0, mv, n), FA_NAME(qt_part)(p, 4, mv, n));
-        const __m256 t2 = _mm256_add_ps(FA_NAME(qt_part)(p, 2, mv, n), FA_NAME(qt_part)(p, 6, mv, n));
-        const __m256 t1 = _mm256_add_ps(FA_NAME(qt_part)(p, 1, mv, n), FA_NAME(qt_part)(p, 5, mv, n));
-        const __m256 t3 = _mm256_add_ps(FA_NAME(qt_part)(p, 3, mv, n), FA_NAME(qt_part)(p, 7, mv, n));
+        const __m256 t0 = _mm256_add_ps(FA_NAME(qt_part)(p, ldp, 0, mv, n),
+                                        FA_NAME(qt_part)(p, ldp, 4, mv, n));
+        const __m256 t2 = _mm256_add_ps(FA_NAME(qt_part)(p, ldp, 2, mv, n),
+                                        FA_NAME(qt_part)(p, ldp, 6, mv, n));
+        const __m256 t1 = _mm256_add_ps(FA_NAME(qt_part)(p, ldp, 1, mv, n),
+                                        FA_NAME(qt_part)(p, ldp, 5, mv, n));
+        const __m256 t3 = _mm256_add_ps(FA_NAME(qt_part)(p, ldp, 3, mv, n),
+                                        FA_NAME(qt_part)(p, ldp, 7, mv, n));
         const __m256 t = _mm256_add_ps(_mm256_add_ps(t0, t2), _mm256_add_ps(t1, t3));
         bad = _mm256_or_ps(bad, _mm256_cmp_ps(t, t, _CMP_UNORD_Q));
         _mm256_storeu_ps(sum + r, t);
@@ -406,12 +412,12 @@ static FA_ALWAYS_INLINE FA_TARGET int FA_NAME(qt_exp_body)(float *pt, int64_t nr
     return !_mm256_movemask_ps(bad);
 }
 
-static FA_TARGET int FA_NAME(qt_exp)(float *pt, int64_t nrt, const float *mnew, float *sum,
-                                     int64_t nc)
+static FA_TARGET int FA_NAME(qt_exp)(float *pt, int64_t ldp, int64_t nrt, const float *mnew,
+                                     float *sum, int64_t nc)
 {
     if (nc == FA_BK) /* (a whole tile: a constant count, unrolled) */
-        return FA_NAME(qt_exp_body)(pt, nrt, mnew, sum, FA_BK / 8);
-    return FA_NAME(qt_exp_body)(pt, nrt, mnew, sum, (int)(nc / 8));
+        return FA_NAME(qt_exp_body)(pt, ldp, nrt, mnew, sum, FA_BK / 8);
+    return FA_NAME(qt_exp_body)(pt, ldp, nrt, mnew, sum, (int)(nc / 8));
 }
 #endif
 

@@ -259,7 +259,7 @@ static FA_TARGET double tile_exp_avx512(float *s, int64_t nc, float m)
 #define FA_QT_ROWS 32
 typedef char fa_avx512_qt_keys[FA_BK == 64 ? 1 : -1];
 
-/* pt[j * FA_BQ + r] = scale (q_r . k_j) for the tile's first nc keys (a
+/* pt[j * ldp + r] = scale (q_r . k_j) for the tile's first nc keys (a
  * multiple of 16; k: row j at
  * k + j rs) and the rows r < nrt (a multiple of 32), -inf for a key outside
  * the row's [first[r], last[r]) where bounded (first, last: int32 offsets
@@ -270,7 +270,7 @@ typedef char fa_avx512_qt_keys[FA_BK == 64 ? 1 : -1];
  * maximum leaves out show in the sums (qt_exp). */
 static FA_ALWAYS_INLINE FA_TARGET int qt_scores_body_avx512(
     const float *qt, int64_t nrt, int64_t D, const float *k, int64_t rs, float scale,
-    const float *mold, float *pt, float *mnew, const int bounded, const int32_t *first,
+    const float *mold, float *pt, int64_t ldp, float *mnew, const int bounded, const int32_t *first,
     const int32_t *last, const int alibi, const float *slope, const float *base, int64_t nc)
 {
     const __m512 sv = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY),
@@ -319,8 +319,8 @@ static FA_ALWAYS_INLINE FA_TARGET int qt_scores_body_avx512(
             s0 = _mm512_mask_mov_ps(ninf, _mm512_cmplt_epu32_mask(_mm512_sub_epi32(kk, f0), w0), s0); \
             s1 = _mm512_mask_mov_ps(ninf, _mm512_cmplt_epu32_mask(_mm512_sub_epi32(kk, f1), w1), s1); \
         }                                                                                      \
-        _mm512_storeu_ps(pt + (g + (j)) * FA_BQ + p, s0);                                      \
-        _mm512_storeu_ps(pt + (g + (j)) * FA_BQ + p + 16, s1);                                 \
+        _mm512_storeu_ps(pt + (g + (j)) * ldp + p, s0);                                      \
+        _mm512_storeu_ps(pt + (g + (j)) * ldp + p + 16, s1);                                 \
         mx0 = _mm512_max_ps(s0, mx0);                                                          \
         mx1 = _mm512_max_ps(s1, mx1);                                                          \
     }
@@ -348,12 +348,13 @@ static FA_ALWAYS_INLINE FA_TARGET int qt_scores_body_avx512(
 
 static FA_TARGET int qt_scores_avx512(const float *qt, int64_t nrt, int64_t D, const float *k,
                                       int64_t rs, float scale, const float *mold, float *pt,
-                                      float *mnew, const int32_t *first, const int32_t *last,
-                                      const float *slope, const float *base, int64_t nc)
+                                      int64_t ldp, float *mnew, const int32_t *first,
+                                      const int32_t *last, const float *slope, const float *base,
+                                      int64_t nc)
 {
 #define FA_QT_CALL(bd, al)                                                                     \
-    qt_scores_body_avx512(qt, nrt, D, k, rs, scale, mold, pt, mnew, bd, first, last, al, slope, \
-                          base, nc)
+    qt_scores_body_avx512(qt, nrt, D, k, rs, scale, mold, pt, ldp, mnew, bd, first, last, al,     \
+                          slope, base, nc)
     if (slope)
         return first ? FA_QT_CALL(1, 1) : FA_QT_CALL(0, 1);
     return first ? FA_QT_CALL(1, 0) : FA_QT_CALL(0, 0);
@@ -363,14 +364,15 @@ static FA_TARGET int qt_scores_avx512(const float *qt, int64_t nrt, int64_t D, c
 /* The weights of key c + 16 i (i = 0 .. n - 1) for sixteen rows (pt as
  * qt_scores left it, rows r .. r + 15 from p, maxima mv) in place, and their
  * sum from +0 in that order: lane c of tile_exp_avx512's register of sums. */
-static FA_ALWAYS_INLINE FA_TARGET __m512 qt_part_avx512(float *p, int c, __m512 mv, int n)
+static FA_ALWAYS_INLINE FA_TARGET __m512 qt_part_avx512(float *p, int64_t ldp, int c, __m512 mv,
+                                                        int n)
 {
     const __m512 log2e = _mm512_set1_ps(FA_LOG2E), ninf = _mm512_set1_ps(-INFINITY),
                  lo = _mm512_set1_ps(-124.0f);
     __m512 sum = _mm512_setzero_ps();
     int i;
     for (i = 0; i < n; i++) {
-        float *s = p + (int64_t)(c + 16 * i) * FA_BQ;
+        float *s = p + (int64_t)(c + 16 * i) * ldp;
         const __m512 x = _mm512_loadu_ps(s);
         const __m512 y = _mm512_mul_ps(_mm512_sub_ps(x, mv), log2e);
         const __mmask16 live = _mm512_cmp_ps_mask(x, ninf, _CMP_NEQ_UQ);
@@ -387,8 +389,8 @@ static FA_ALWAYS_INLINE FA_TARGET __m512 qt_part_avx512(float *p, int c, __m512 
  * sum of them (float32, tile_exp_avx512's order: hsum16_avx512 over the
  * sixteen partial sums of keys c, c + 16, ... below nc). 0 if a sum is
  * NaN (a NaN score). */
-static FA_ALWAYS_INLINE FA_TARGET int qt_exp_body_avx512(float *pt, int64_t nrt,
-                                                         const float *mnew, float *sum,
+static FA_ALWAYS_INLINE FA_TARGET int qt_exp_body_avx512(float *pt, int64_t ldp,
+                                                         int64_t nrt, const float *mnew, float *sum,
                                                          const int n)
 {
     __mmask16 bad = 0;
@@ -398,10 +400,10 @@ static FA_ALWAYS_INLINE FA_TARGET int qt_exp_body_avx512(float *pt, int64_t nrt,
         const __m512 mv = _mm512_loadu_ps(mnew + r);
         __m512 t6[4], t;
         for (i = 0; i < 4; i++) /* hsum16_avx512's first two levels, lane by lane */
-            t6[i] = _mm512_add_ps(_mm512_add_ps(qt_part_avx512(pt + r, i + 12, mv, n),
-                                                qt_part_avx512(pt + r, i + 4, mv, n)),
-                                  _mm512_add_ps(qt_part_avx512(pt + r, i + 8, mv, n),
-                                                qt_part_avx512(pt + r, i, mv, n)));
+            t6[i] = _mm512_add_ps(_mm512_add_ps(qt_part_avx512(pt + r, ldp, i + 12, mv, n),
+                                                qt_part_avx512(pt + r, ldp, i + 4, mv, n)),
+                                  _mm512_add_ps(qt_part_avx512(pt + r, ldp, i + 8, mv, n),
+                                                qt_part_avx512(pt + r, ldp, i, mv, n)));
         t = _mm512_add_ps(_mm512_add_ps(t6[0], t6[2]), _mm512_add_ps(t6[1], t6[3]));
         bad |= _mm512_cmp_ps_mask(t, t, _CMP_UNORD_Q);
         _mm512_storeu_ps(sum + r, t);
@@ -409,12 +411,12 @@ static FA_ALWAYS_INLINE FA_TARGET int qt_exp_body_avx512(float *pt, int64_t nrt,
     return !bad;
 }
 
-static FA_TARGET int qt_exp_avx512(float *pt, int64_t nrt, const float *mnew, float *sum,
-                                   int64_t nc)
+static FA_TARGET int qt_exp_avx512(float *pt, int64_t ldp, int64_t nrt, const float *mnew,
+                                   float *sum, int64_t nc)
 {
     if (nc == FA_BK) /* (a whole tile: a constant count, unrolled) */
-        return qt_exp_body_avx512(pt, nrt, mnew, sum, FA_BK / 16);
-    return qt_exp_body_avx512(pt, nrt, mnew, sum, (int)(nc / 16));
+        return qt_exp_body_avx512(pt, ldp, nrt, mnew, sum, FA_BK / 16);
+    return qt_exp_body_avx512(pt, ldp, nrt, mnew, sum, (int)(nc / 16));
 }
 
 /* Sixteen half-precision elements (the bits in h) of dtype dt as float32:

@@ -332,6 +332,30 @@ def test_blhd_views_are_read_in_place(simd, rng, kvdtype, gqa):
                                                 enable_gqa=gqa))
 
 
+@pytest.mark.parametrize("gqa", [False, True])
+@pytest.mark.parametrize("kvdtype", [np.float32, np.float16], ids=["float32", "float16"])
+def test_units_that_copy_their_value_tiles_keep_the_bits(simd, rng, threads, gqa, kvdtype):
+    # Value rows 1 KiB apart (4 kv heads of 64 floats, a (B, L, H, D) view)
+    # or in float16 are copied tile by tile, and such units take up to 192
+    # query rows where the contiguous float32 call's take up to 96: each
+    # row's bits are the same, whatever rows share its unit and on any
+    # number of threads.
+    Hq, Hkv = (8, 4) if gqa else (4, 4)
+    for L, S in [(400, 400), (250, 300)]:
+        _, q = _blhd(rng, 2, L, Hq, 64)
+        _, k = _blhd(rng, 2, S, Hkv, 64, kvdtype)
+        _, v = _blhd(rng, 2, S, Hkv, 64, kvdtype)
+        assert v.strides[-2] * 4 // v.itemsize % 1024 == 0
+        args = [np.ascontiguousarray(x, np.float32) for x in (q, k, v)]
+        for kw in ({}, dict(is_causal=True), dict(window=(70, 5))):
+            want = sdpa(*args, enable_gqa=gqa, return_lse=True, **kw)
+            for n in (1, 2, 3):
+                threads(n)
+                got = sdpa(q, k, v, enable_gqa=gqa, return_lse=True, **kw)
+                assert_same_bits(got[0], want[0])
+                assert_same_bits(got[1], want[1])
+
+
 @pytest.mark.parametrize("view", ["reversed-rows", "reversed-heads", "row-step", "broadcast-k",
                                   "sliced-features", "padded-rows", "length-1-rows"])
 def test_other_row_contiguous_views(simd, rng, view):

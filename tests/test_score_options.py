@@ -327,7 +327,7 @@ def test_segment_ids_equal_a_dense_bool_mask(rng, simd):
 def test_query_tiles_cut_at_documents_keep_the_bits(rng, simd, threads, sizes):
     # One array of sorted ids for every batch item: the work units are cut
     # where documents start. The same ids given per item (a copy each) keep
-    # the units of 96 rows from row 0; every row keeps its bits either way.
+    # the plain query tiles from row 0; every row keeps its bits either way.
     L = S = 300
     q, k, v = qkv(rng, (2, 4, L, 16), (2, 2, S, 16), (2, 2, S, 8))
     ids = _docs(L, sizes)
