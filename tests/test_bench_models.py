@@ -73,6 +73,32 @@ def test_fma_peak_is_positive_or_absent():
     assert _core.fma_peak(4, 1, 1000) is None
 
 
+@pytest.mark.parametrize("variant", ["avx512", "avx2"])
+def test_loop_ceiling_tool_builds_and_runs(tmp_path, variant):
+    # tools/loop_ceiling.c includes the kernels' sources: it must keep up with
+    # their signatures (the README quotes its figures).
+    import platform
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    src = root / "tools" / "loop_ceiling.c"
+    gcc = shutil.which("gcc")
+    if gcc is None or not src.exists() or platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("needs gcc, an x86-64 CPU and the source tree")
+    exe = tmp_path / "loop_ceiling"
+    flags = ["-DCEILING_AVX2"] if variant == "avx2" else []
+    subprocess.run([gcc, "-O2", "-fopenmp", "-std=gnu11", "-I", str(root / "csrc"), *flags,
+                    str(src), "-o", str(exe), "-lm"], check=True)
+    out = subprocess.run([str(exe), "32", "20"], check=True, capture_output=True,
+                         text=True).stdout
+    assert "lacks" in out or ("of the peak (the ceiling of these loops)" in out
+                              and "D = 32" in out), out
+    bad = subprocess.run([str(exe), "20"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "multiple of 16" in bad.stderr
+
+
 def test_long_grid_rows_and_peak_fraction(monkeypatch, capsys):
     # The grid's bookkeeping with stand-in timings (the real one takes minutes).
     import fastattn._bench as bench

@@ -1,0 +1,126 @@
+/*
+ * loop_ceiling.c -- how close the full-attention kernels' inner loops come to
+ * the float32 FMA peak with their data in cache, on one thread: the score
+ * loop (qt_scores), the tile softmax (qt_exp) and the P.V product (the
+ * micro-kernel as qt_tile calls it) for one unit of 96 query rows against
+ * one key tile of 64 keys, each repeated on the same buffers. Their sum is
+ * the time of one tile of a unit in full (non-causal) attention with no
+ * memory traffic at all, and 2 products over it the highest FMA-peak
+ * fraction those loops allow the call. (The README's tenth round quotes it
+ * against the goal of 72 % for L=S=4096 D=128.)
+ *
+ *   gcc -O2 -fopenmp -std=gnu11 -Icsrc tools/loop_ceiling.c -o /tmp/loop_ceiling -lm
+ *   /tmp/loop_ceiling [D [REPS]]   (the AVX-512 kernels; -DCEILING_AVX2: AVX2)
+ *
+ * A measuring tool only: not part of the package build.
+ */
+#include "../csrc/peak.c"
+
+#ifdef CEILING_AVX2
+#include "../csrc/kernels_avx2.c"
+#define CEIL(x) x##_avx2
+#define CEIL_LANES 8
+#define CEIL_CPU (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+#else
+#include "../csrc/kernels_avx512.c"
+#define CEIL(x) x##_avx512
+#define CEIL_LANES 16
+#define CEIL_CPU (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw"))
+#endif
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#define ROWS 96 /* one unit's rows (FA_BQ_IN_PLACE) */
+
+static void *buffer(size_t floats)
+{
+    void *p = NULL;
+    if (posix_memalign(&p, 64, floats * sizeof(float) + 64) != 0) {
+        fprintf(stderr, "out of memory\n");
+        exit(1);
+    }
+    return p;
+}
+
+/* Seconds per call of each loop, best of 5 runs of reps calls. */
+static FA_TARGET void time_loops(int64_t D, long reps, double t[3])
+{
+    const int64_t Dv = D, nk = FA_BK;
+    float *qt = buffer(ROWS * D), *k = buffer(nk * D), *v = buffer(nk * Dv);
+    float *pt = buffer(ROWS * nk), *acc = buffer(ROWS * Dv);
+    float *mold = buffer(ROWS), *mnew = buffer(ROWS), *alpha = buffer(ROWS), *sum = buffer(ROWS);
+    volatile int sink = 0;
+    int64_t i;
+    int run, which;
+    for (i = 0; i < ROWS * D; i++)
+        qt[i] = (float)(i % 7) * 0.01f;
+    for (i = 0; i < nk * D; i++)
+        k[i] = (float)(i % 5) * 0.01f;
+    for (i = 0; i < nk * Dv; i++)
+        v[i] = (float)(i % 3) * 0.1f;
+    for (i = 0; i < ROWS * Dv; i++)
+        acc[i] = 0.0f;
+    for (i = 0; i < ROWS; i++) {
+        mold[i] = -INFINITY;
+        alpha[i] = 1.0f;
+    }
+    for (which = 0; which < 3; which++) {
+        t[which] = 1e30;
+        for (run = 0; run < 5; run++) {
+            const double t0 = fa_now();
+            double dt;
+            long r;
+            for (r = 0; r < reps; r++) {
+                if (which == 0)
+                    sink += CEIL(qt_scores)(qt, ROWS, D, k, D, 0.1f, mold, pt, ROWS, mnew, NULL,
+                                            NULL, NULL, NULL, nk);
+                else if (which == 1) /* (the scores it leaves are the next call's input) */
+                    sink += CEIL(qt_exp)(pt, ROWS, ROWS, mnew, sum, nk);
+                else
+                    CEIL(gemm)(pt, 1, ROWS, 1, v, Dv, ROWS, Dv, nk, acc, Dv, alpha, 1.0f);
+            }
+            dt = (fa_now() - t0) / (double)reps;
+            t[which] = dt < t[which] ? dt : t[which];
+        }
+    }
+    (void)sink;
+    free(qt), free(k), free(v), free(pt), free(acc), free(mold), free(mnew), free(alpha),
+        free(sum);
+}
+
+int main(int argc, char **argv)
+{
+    const int64_t D = argc > 1 ? atoi(argv[1]) : 128;
+    const long reps = argc > 2 ? atol(argv[2]) : 20000;
+    const long peak_iters = reps < 20000 ? 5000 * reps : 100000000;
+    const double flops = 2.0 * ROWS * FA_BK * (double)D; /* one product */
+    double t[3], peak = 0.0, g;
+    int rep;
+    if (D < 16 || D % 16 != 0 || reps < 1) {
+        fprintf(stderr, "D: a multiple of 16, at least 16; REPS: at least 1\n");
+        return 2;
+    }
+    if (!CEIL_CPU) {
+        printf("this CPU lacks the kernels' instructions\n");
+        return 0;
+    }
+    for (rep = 0; rep < 3; rep++) {
+        g = fa_fma_peak_gflops(CEIL_LANES, 1, peak_iters);
+        peak = g > peak ? g : peak;
+    }
+    time_loops(D, reps, t);
+    printf("%d-lane kernels, one thread, one unit of %d rows x %d keys, D = %d, in cache\n",
+           CEIL_LANES, ROWS, FA_BK, (int)D);
+    printf("FMA peak:          %7.1f GFLOP/s\n", peak);
+    printf("scores (qt_scores) %7.1f GFLOP/s = %3.0f %% of the peak\n", flops / t[0] / 1e9,
+           100.0 * flops / t[0] / 1e9 / peak);
+    printf("P.V (gemm)         %7.1f GFLOP/s = %3.0f %% of the peak\n", flops / t[2] / 1e9,
+           100.0 * flops / t[2] / 1e9 / peak);
+    printf("softmax (qt_exp)   %7.2f us a tile = %3.0f %% of the tile's time\n", t[1] * 1e6,
+           100.0 * t[1] / (t[0] + t[1] + t[2]));
+    g = 2.0 * flops / (t[0] + t[1] + t[2]) / 1e9;
+    printf("the three, a tile: %7.1f GFLOP/s = %3.0f %% of the peak (the ceiling of these loops)\n",
+           g, 100.0 * g / peak);
+    return 0;
+}
