@@ -292,9 +292,9 @@ static int64_t doc_tiles(const fa_attn_args *a, int64_t nq, int64_t *cut)
  * row_groups) cut into slices of nh heads and tiles of nq query rows (a
  * unit holds at most bq rows: FA_BQ where its value tiles are copied, see
  * fa_v_in_place). threads: the threads to feed, to let a unit hold several
- * kv heads (the SDPA kernel: as many as leave at least two
- * work items, units times key chunks, a thread), or 0 for one kv head a unit
- * (the weights). cut: room for doc_tiles (doc_tiles_room(a)), or NULL. */
+ * kv heads (the SDPA kernel: as many as leave at least two work items,
+ * units times key chunks, a thread), or 0 for one kv head a unit (the
+ * weights). cut: room for doc_tiles (doc_tiles_room(a)), or NULL. */
 static fa_units unit_geometry(const fa_attn_args *a, int threads, int64_t *cut)
 {
     fa_units g;

@@ -274,9 +274,9 @@ static inline void fa_prefetch(const void *p, int64_t off)
  * only a fraction of the tile. Otherwise each unit copies (converts) every
  * value tile it meets into its scratch (kernels.inc's v_tile), and units of
  * FA_BQ rather than FA_BQ_IN_PLACE rows make half the copies a row (on the
- * Xeon of the README's tenth round, 1.05-1.07x for (B, L, H, D) views and
- * float16 values at L = S = 2048-4096; in-place units of 192 rows lost up to
- * 3% on causal prefill). */
+ * Xeon of the README's tenth round, 1.03-1.10x for (B, L, H, D) views and
+ * half-precision values at L = S = 2048-4096; units of 192 rows that read
+ * their values in place lost up to 3 % on causal prefill). */
 static inline int fa_v_in_place(int dt, int64_t rs, int64_t Dv)
 {
     return dt == FA_DTYPE_F32 && Dv % FA_NR == 0

@@ -323,8 +323,8 @@ static FA_ALWAYS_INLINE FA_TARGET int FA_NAME(qt_scores_body)(
             FA_ALLOW(s0, f0, l0)                                                               \
             FA_ALLOW(s1, f1, l1)                                                               \
         }                                                                                      \
-        _mm256_storeu_ps(pt + (g + (j)) * ldp + p, s0);                                      \
-        _mm256_storeu_ps(pt + (g + (j)) * ldp + p + 8, s1);                                  \
+        _mm256_storeu_ps(pt + (g + (j)) * ldp + p, s0);                                        \
+        _mm256_storeu_ps(pt + (g + (j)) * ldp + p + 8, s1);                                    \
         mx0 = _mm256_max_ps(s0, mx0);                                                          \
         mx1 = _mm256_max_ps(s1, mx1);                                                          \
     }

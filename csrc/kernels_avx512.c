@@ -319,8 +319,8 @@ static FA_ALWAYS_INLINE FA_TARGET int qt_scores_body_avx512(
             s0 = _mm512_mask_mov_ps(ninf, _mm512_cmplt_epu32_mask(_mm512_sub_epi32(kk, f0), w0), s0); \
             s1 = _mm512_mask_mov_ps(ninf, _mm512_cmplt_epu32_mask(_mm512_sub_epi32(kk, f1), w1), s1); \
         }                                                                                      \
-        _mm512_storeu_ps(pt + (g + (j)) * ldp + p, s0);                                      \
-        _mm512_storeu_ps(pt + (g + (j)) * ldp + p + 16, s1);                                 \
+        _mm512_storeu_ps(pt + (g + (j)) * ldp + p, s0);                                        \
+        _mm512_storeu_ps(pt + (g + (j)) * ldp + p + 16, s1);                                   \
         mx0 = _mm512_max_ps(s0, mx0);                                                          \
         mx1 = _mm512_max_ps(s1, mx1);                                                          \
     }
