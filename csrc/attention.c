@@ -457,12 +457,12 @@ static void plan_free(fa_plan *pl)
 
 
 /* The key tiles per batch item of a's value-tile record (fa_scratch's
- * vflag), or 0 where it has none: it pays where float32 values are read in
- * place by more than one unit (each unit then checks a tile the first unit
- * has checked). */
+ * vflag), or 0 where it has none: it pays where values are read in place
+ * (fa_v_in_place; only v_tile's in-place reads consult it) by more than one
+ * unit (each unit then checks a tile the first unit has checked). */
 static int64_t vflag_tiles(const fa_attn_args *a, const fa_units *g)
 {
-    if (a->v_dtype != FA_DTYPE_F32 || a->Dv <= 0 || a->Dv % FA_NR != 0 || a->S <= 0
+    if (a->Dv <= 0 || !fa_v_in_place(a->v_dtype, a->v_rs, a->Dv) || a->S <= 0
         || g->nunits <= a->nbatch / g->G)
         return 0;
     return (a->S + FA_BK - 1) / FA_BK;

@@ -85,8 +85,15 @@ static FA_TARGET void time_loops(int64_t D, long reps, double t[3])
         }
     }
     (void)sink;
-    free(qt), free(k), free(v), free(pt), free(acc), free(mold), free(mnew), free(alpha),
-        free(sum);
+    free(qt);
+    free(k);
+    free(v);
+    free(pt);
+    free(acc);
+    free(mold);
+    free(mnew);
+    free(alpha);
+    free(sum);
 }
 
 int main(int argc, char **argv)
