@@ -34,13 +34,6 @@
  * size; under AddressSanitizer the gaps are poisoned, so an overrun of any
  * one buffer is still reported. */
 #define FA_SCRATCH_ALIGN 64
-#if defined(__SANITIZE_ADDRESS__)
-#define FA_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define FA_ASAN 1
-#endif
-#endif
 #ifdef FA_ASAN
 #include <sanitizer/asan_interface.h>
 #endif
@@ -121,6 +114,9 @@ static int scratch_alloc(fa_scratch *w, int64_t D, int64_t Dv, int64_t bq)
     for (i = 0; i < FA_SCRATCH_BUFFERS; i++) {
         *slots[i] = base + offs[i];
 #ifdef FA_ASAN
+        /* all bits set (a NaN): what a kernel reads before it writes shows
+         * (kernels.inc's qt_tile checks its padding rows) */
+        memset(base + offs[i], 0xFF, sizes[i]);
         ASAN_POISON_MEMORY_REGION(base + offs[i] + sizes[i],
                                   (i + 1 < FA_SCRATCH_BUFFERS ? offs[i + 1] : total) - offs[i] - sizes[i]);
 #endif

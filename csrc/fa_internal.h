@@ -24,6 +24,16 @@
 #define FA_TARGET
 #endif
 
+/* FA_ASAN: an AddressSanitizer build (tools/sanitize.sh), which also fills
+ * each new scratch with NaNs and checks some invariants of the kernels. */
+#if defined(__SANITIZE_ADDRESS__)
+#define FA_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define FA_ASAN 1
+#endif
+#endif
+
 #ifndef INFINITY
 #define INFINITY (1.0f / 0.0f)
 #endif
