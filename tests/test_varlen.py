@@ -258,6 +258,8 @@ BAD = [
      {"cu_seqlens_q": np.array([1, 3, 5])}),
     ("cu-decreasing", ValueError, r"cu_seqlens_k must be non-decreasing, got 4 then 2 at index 1",
      {"cu_seqlens_k": np.array([0, 4, 2, 5])}),
+    ("cu-uint64", ValueError, r"cu_seqlens_k must be non-decreasing, got 9223372036854775813 "
+     r"then 5 at index 1", {"cu_seqlens_k": np.array([0, 2**63 + 5, 5], np.uint64)}),
     ("cu-end", ValueError, r"cu_seqlens_q must end at total_q \(q.shape\[0\]\) = 5, got 6",
      {"cu_seqlens_q": np.array([0, 3, 6])}),
     ("cu-lengths", ValueError, r"cu_seqlens_q and cu_seqlens_k must have the same length.*3 and 4",

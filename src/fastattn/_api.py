@@ -1084,19 +1084,17 @@ def varlen_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: Arr
     return_lse = as_bool(return_lse, "return_lse")
     lse = np.empty((total_q, a.Hq), np.float32) if return_lse else None
     if a.B > 0 and total_q > 0 and a.Hq > 0:
-        heads = np.arange(a.Hq, dtype=np.int64)
-        kv_heads = heads // (a.Hq // a.Hkv)
-        starts_q, starts_k = a.cu_q[:-1, None], a.cu_k[:-1, None]
+        group = a.Hq // a.Hkv
 
-        def offsets(arr, starts, h):
-            st = [x // arr.itemsize for x in arr.strides]
-            return (starts * st[0] + h[None, :] * st[1]).reshape(-1), st[0]
+        def offsets(arr, cu, g):  # row 0 of each (sequence, query head) of arr
+            rs, hs = (x // arr.itemsize for x in arr.strides[:2])
+            return _core.varlen_offsets(cu, a.Hq, g, rs, hs), rs
 
-        q_off, q_rs = offsets(a.q, starts_q, heads)
-        k_off, k_rs = offsets(a.k, starts_k, kv_heads)
-        v_off, v_rs = offsets(a.v, starts_k, kv_heads)
-        o_off = (starts_q * (a.Hq * a.Dv) + heads[None, :] * a.Dv).reshape(-1)
-        lse_off = (starts_q * a.Hq + heads[None, :]).reshape(-1)
+        q_off, q_rs = offsets(a.q, a.cu_q, 1)
+        k_off, k_rs = offsets(a.k, a.cu_k, group)
+        v_off, v_rs = offsets(a.v, a.cu_k, group)
+        o_off = _core.varlen_offsets(a.cu_q, a.Hq, 1, a.Hq * a.Dv, a.Dv)
+        lse_off = _core.varlen_offsets(a.cu_q, a.Hq, 1, a.Hq, 1)
         k_arr, k_dtype = _kv_operand(a.k)
         v_arr, v_dtype = _kv_operand(a.v)
         left, right = a.window

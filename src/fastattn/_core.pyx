@@ -89,6 +89,24 @@ def block_offsets(tuple batch, strides, int64_t group):
     return out
 
 
+def varlen_offsets(const int64_t[::1] cu, int64_t heads, int64_t group, int64_t rs,
+                   int64_t hs):
+    """offsets[s * heads + h] = cu[s] * rs + (h // group) * hs for the len(cu) - 1
+    sequences of a packed batch (an int64 array): where row 0 of head h of
+    sequence s starts, rows rs and heads hs elements apart."""
+    cdef Py_ssize_t nseq = cu.shape[0] - 1
+    cdef int64_t s, h
+    cdef int64_t[::1] o
+    if nseq < 0 or heads < 0 or group < 1:
+        raise ValueError("varlen_offsets: bad arguments")
+    out = np.empty(nseq * heads, dtype=np.int64)
+    o = out
+    for s in range(nseq):
+        for h in range(heads):
+            o[s * heads + h] = cu[s] * rs + (h // group) * hs
+    return out
+
+
 DTYPE_F32 = FA_DTYPE_F32
 DTYPE_F16 = FA_DTYPE_F16
 DTYPE_BF16 = FA_DTYPE_BF16
