@@ -258,6 +258,9 @@ BAD = [
      {"cu_seqlens_q": np.array([1, 3, 5])}),
     ("cu-decreasing", ValueError, r"cu_seqlens_k must be non-decreasing, got 4 then 2 at index 1",
      {"cu_seqlens_k": np.array([0, 4, 2, 5])}),
+    ("cu-uint64-top", ValueError, r"cu_seqlens_q must be non-decreasing, got "
+     r"18446744073709551615 then 18446744073709551614 at index 1",
+     {"cu_seqlens_q": np.array([0, 2**64 - 1, 2**64 - 2, 5], np.uint64)}),
     ("cu-uint64", ValueError, r"cu_seqlens_k must be non-decreasing, got 9223372036854775813 "
      r"then 5 at index 1", {"cu_seqlens_k": np.array([0, 2**63 + 5, 5], np.uint64)}),
     ("cu-end", ValueError, r"cu_seqlens_q must end at total_q \(q.shape\[0\]\) = 5, got 6",

@@ -14,7 +14,7 @@ from cpython.buffer cimport (PyBUF_FORMAT, PyBUF_STRIDES, PyBUF_WRITABLE, PyBuff
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.float cimport FLT_MAX
 from libc.math cimport fabs, isfinite, sqrt
-from libc.stdint cimport int32_t, int64_t, intptr_t, uint8_t, uintptr_t
+from libc.stdint cimport INT64_MAX, int32_t, int64_t, intptr_t, uint8_t, uintptr_t
 from libc.string cimport memset
 
 import numpy as np
@@ -98,7 +98,10 @@ def varlen_offsets(const int64_t[::1] cu, int64_t heads, int64_t group, int64_t 
     cdef int64_t s, h
     cdef int64_t[::1] o
     if nseq < 0 or heads < 0 or group < 1:
-        raise ValueError("varlen_offsets: bad arguments")
+        raise ValueError(f"varlen_offsets: expected len(cu) >= 1, heads >= 0 and group >= 1, "
+                         f"got {nseq + 1}, {heads} and {group}")
+    if heads > 0 and nseq > INT64_MAX // heads:
+        raise ValueError(f"varlen_offsets: {nseq} sequences of {heads} heads overflow int64")
     out = np.empty(nseq * heads, dtype=np.int64)
     o = out
     for s in range(nseq):

@@ -594,9 +594,7 @@ def check_cu_seqlens(cu: Any, name: str, total: int, what: str) -> np.ndarray:
                          f"{arr.shape}")
     if int(arr[0]) != 0:
         raise ValueError(f"{name} must start at 0, got {int(arr[0])}")
-    # (compared as float64 where uint64 values might not fit int64)
-    cmp = arr.astype(np.float64) if arr.dtype == np.uint64 else arr
-    down = cmp[1:] < cmp[:-1]
+    down = arr[1:] < arr[:-1]  # (in arr's own dtype: exact, no wrap-around)
     if down.any():
         i = int(down.argmax())
         raise ValueError(f"{name} must be non-decreasing, got {int(arr[i])} then "
