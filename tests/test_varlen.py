@@ -263,6 +263,16 @@ BAD = [
      {"cu_seqlens_q": np.array([0, 2**64 - 1, 2**64 - 2, 5], np.uint64)}),
     ("cu-uint64", ValueError, r"cu_seqlens_k must be non-decreasing, got 9223372036854775813 "
      r"then 5 at index 1", {"cu_seqlens_k": np.array([0, 2**63 + 5, 5], np.uint64)}),
+    # Python lists that no one NumPy integer dtype holds: read as uint64, or
+    # the first offset outside [0, 2**64) named (not "got dtype float64")
+    ("cu-list-uint64", ValueError, r"cu_seqlens_q must end at total_q \(q.shape\[0\]\) = 5, got "
+     r"18446744073709551615", {"cu_seqlens_q": [0, 3, 2**64 - 1]}),
+    ("cu-list-65-bits", ValueError, r"cu_seqlens_k must hold offsets in \[0, 2\*\*64\), got "
+     r"18446744073709551616 at index 2", {"cu_seqlens_k": [0, 4, 2**64]}),
+    ("cu-list-negative", ValueError, r"cu_seqlens_k must hold offsets in \[0, 2\*\*64\), got -1 "
+     r"at index 1", {"cu_seqlens_k": [0, -1, 2**63]}),
+    ("cu-list-empty", ValueError, r"cu_seqlens_q must be a 1-d array of B \+ 1 >= 1.*\(0,\)",
+     {"cu_seqlens_q": []}),
     ("cu-end", ValueError, r"cu_seqlens_q must end at total_q \(q.shape\[0\]\) = 5, got 6",
      {"cu_seqlens_q": np.array([0, 3, 6])}),
     ("cu-lengths", ValueError, r"cu_seqlens_q and cu_seqlens_k must have the same length.*3 and 4",

@@ -1007,7 +1007,9 @@ def varlen_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: Arr
         q, k and v are read in place when their last axis is contiguous.
     cu_seqlens_q, cu_seqlens_k : array_like of int, shape (B + 1,)
         Cumulative sequence lengths: start at 0, non-decreasing, end at
-        ``total_q`` and ``total_k``. Empty sequences are allowed.
+        ``total_q`` and ``total_k``. Empty sequences are allowed. Any NumPy
+        integer dtype (a list of Python ints as NumPy reads it; one with
+        offsets of 2**63 or more as uint64).
     is_causal, window, scale, softcap
         As in :func:`scaled_dot_product_attention`, for each sequence.
     alibi_slopes, sinks : array_like of real floats, optional
@@ -1035,8 +1037,9 @@ def varlen_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: Arr
         ndarray.
     ValueError
         If q, k or v are not 3-d, D < 1 or differs, k and v disagree, ``Hq %
-        Hkv != 0``, a `cu_seqlens` is not 1-d, does not start at 0, decreases,
-        does not end at the total, or the two differ in length, or another
+        Hkv != 0``, a `cu_seqlens` is not 1-d or is empty, holds an offset
+        outside [0, 2**64), does not start at 0, decreases, does not end at
+        the total, or the two differ in length, or another
         argument is out of range as in :func:`scaled_dot_product_attention`.
 
     Notes

@@ -587,6 +587,20 @@ def check_cu_seqlens(cu: Any, name: str, total: int, what: str) -> np.ndarray:
         arr = np.asarray(cu)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"{name} must be a 1-d integer array: {exc}") from None
+    if arr.ndim == 1 and arr.shape[0] == 0:  # (before the dtype: [] is float64)
+        raise ValueError(f"{name} must be a 1-d array of B + 1 >= 1 offsets, got shape (0,)")
+    if arr.dtype.kind in "fO" and not isinstance(cu, np.ndarray):
+        # Python ints that no one NumPy integer dtype holds (NumPy made them
+        # float64 or object): uint64 where they are all in [0, 2**64), else
+        # the first that is not is named
+        items = np.asarray(cu, dtype=object)
+        flat = items.ravel()
+        if all(isinstance(x, (int, np.integer)) for x in flat):
+            out = [i for i, x in enumerate(flat) if not 0 <= int(x) < 2**64]
+            if out:
+                raise ValueError(f"{name} must hold offsets in [0, 2**64), got "
+                                 f"{int(flat[out[0]])} at index {out[0]}")
+            arr = items.astype(np.uint64)
     if arr.dtype.kind not in "iu":
         raise TypeError(f"{name} must be a 1-d integer array, got dtype {arr.dtype}")
     if arr.ndim != 1 or arr.shape[0] < 1:
