@@ -631,7 +631,7 @@ BAD = [
                                                     [0, 2, 4], 4, 4), ValueError),
     ("max_seqlen_q", lambda: flash_attn_varlen_func(*(np.zeros((4, 2, 4)),) * 3, [0, 4],
                                                     [0, 4], 3, 4), ValueError),
-    ("integers", lambda: flash_attn_varlen_func(*(np.zeros((4, 2, 4)),) * 3,
+    ("integer", lambda: flash_attn_varlen_func(*(np.zeros((4, 2, 4)),) * 3,
                                                 np.array([0., 4.]), [0, 4], 4, 4), TypeError),
     ("block_table", lambda: flash_attn_varlen_func(
         np.zeros((4, 2, 4)), np.zeros((3, 2, 2, 4)), np.zeros((3, 2, 2, 4)), [0, 4], [0, 4],
@@ -687,6 +687,23 @@ KV_BAD = [  # (what the message names, changes to the arguments, exception)
     ("softcap", dict(softcap=float("nan")), ValueError),
     ("alibi_slopes", dict(alibi_slopes=np.ones((2, 6))), ValueError),
     ("num_splits", dict(num_splits=-1), ValueError),
+    # the core's rules, checked before k and v are appended (the core would
+    # refuse them only after the append)
+    ("softmax_scale", dict(softmax_scale=1e39), ValueError),  # not finite in float32
+    ("softmax_scale", dict(softmax_scale=10**400), ValueError),  # not an OverflowError
+    ("softcap", dict(softcap=1e-40), ValueError),  # below the smallest normal float32
+    ("softcap", dict(softcap=1e39), ValueError),
+    ("alibi_slopes", dict(alibi_slopes=np.full(6, 1e39)), ValueError),
+    # integers no int64 holds: named, never wrapped or an OverflowError
+    ("cache_seqlens", dict(cache_seqlens=2**63), ValueError),
+    ("cache_seqlens", dict(cache_seqlens=np.uint64(2**63)), ValueError),
+    ("cache_seqlens.*9223372036854775808", dict(cache_seqlens=[3, 2**63, 5]), ValueError),
+    ("cache_seqlens.*9223372036854775807", dict(cache_seqlens=np.array([3, 2**63 - 1, 5])),
+     ValueError),  # (+ seqlen_new would wrap)
+    ("cache_batch_idx.*18446744073709551615",
+     dict(cache_batch_idx=np.array([0, 1, 2**64 - 1], np.uint64)), ValueError),
+    ("block_table.*9223372036854775808",
+     dict(block_table=[[0, 1], [2, 3], [4, 2**63]]), ValueError),
     ("causal", dict(causal=None), TypeError),
 ]
 
@@ -702,6 +719,47 @@ def test_kvcache_bad_input_leaves_cache(words, change, exc):
         flash_attn_with_kvcache(**c)
     now = [a for a in (c["k_cache"], c["v_cache"]) if isinstance(a, np.ndarray)]
     assert all(np.array_equal(a, b) for a, b in zip(now, caches))
+
+
+def test_kvcache_block_size_zero():
+    c = _case()
+    c["k_cache"], c["v_cache"] = (np.zeros((6, 0, 2, 16), np.float32) for _ in range(2))
+    with pytest.raises(ValueError, match=r"k_cache must have a block size \(axis 1\) >= 1"):
+        flash_attn_with_kvcache(**c, block_table=np.zeros((3, 2), np.int32))
+    q = np.zeros((4, 2, 16), np.float32)
+    with pytest.raises(ValueError, match=r"k must have a block size \(axis 1\) >= 1"):
+        flash_attn_varlen_func(q, c["k_cache"], c["v_cache"], [0, 2, 4], [0, 0, 0], 2, 0,
+                               block_table=np.zeros((2, 1), np.int32))
+
+
+def test_out_must_not_overlap_the_callers_arrays():
+    """Not only the copies the wrapper works on: the slopes (which the
+    per-sequence path reads after writing earlier rows of out), q before its
+    rotary embedding, a paged cache before it is gathered."""
+    rng = np.random.default_rng(31)
+    q = rng.standard_normal((2, 1, 4, 8), dtype=np.float32)
+    kc = rng.standard_normal((2, 10, 2, 8), dtype=np.float32)
+    vc = rng.standard_normal((2, 10, 2, 5), dtype=np.float32)
+    buf = np.zeros(60, np.float32)
+    slopes, out = buf[:8].reshape(2, 4), buf[4:44].reshape(2, 1, 4, 5)
+    slopes[:] = 0.5
+    with pytest.raises(ValueError, match="out must not share memory with alibi_slopes"):
+        flash_attn_with_kvcache(q, kc, vc, cache_seqlens=np.array([3, 6]),
+                                alibi_slopes=slopes, out=out)
+    k1, v1 = (rng.standard_normal((2, 1, 2, d), dtype=np.float32) for d in (8, 5))
+    cos, sin = np.ones((20, 2), np.float32), np.zeros((20, 2), np.float32)
+    q8 = np.zeros((2, 1, 4, 8), np.float32)
+    kc0 = kc.copy()
+    with pytest.raises(ValueError, match="out must not share memory with q"):
+        flash_attn_with_kvcache(q8, kc, vc, k1, v1, rotary_cos=cos, rotary_sin=sin,
+                                cache_seqlens=3, out=q8.reshape(-1)[:40].reshape(2, 1, 4, 5))
+    assert np.array_equal(kc, kc0)  # (checked before the append)
+    kp = rng.standard_normal((6, 4, 2, 8), dtype=np.float32)
+    vp = np.zeros((6, 4, 2, 8), np.float32)
+    with pytest.raises(ValueError, match="out must not share memory with v"):
+        flash_attn_varlen_func(np.zeros((4, 4, 8), np.float32), kp, vp, [0, 2, 4],
+                               [0, 3, 5], 2, 3, block_table=np.array([[0, 1], [2, 3]]),
+                               out=vp.reshape(-1)[:128].reshape(4, 4, 8))
 
 
 def test_kvcache_unused_block_table_entries_are_not_read():

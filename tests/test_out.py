@@ -115,6 +115,14 @@ def test_out_not_an_ndarray_type_error(case, kind):
             call(inputs, memoryview(_sentinel(expected.shape)))
 
 
+@pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")  # (np.matrix itself)
+def test_out_a_numpy_matrix_type_error():
+    # an ndarray subclass whose reshape stays 2-d: refused by name
+    x = np.zeros((3, 4), np.float32)
+    with pytest.raises(TypeError, match="out must be a numpy.ndarray, got matrix"):
+        fastattn.scaled_dot_product_attention(x, x, x, out=np.matrix(np.zeros((3, 4), np.float32)))
+
+
 @pytest.mark.parametrize("change", ["extra-dim", "missing-dim", "longer", "shorter", "reversed"])
 def test_out_wrong_shape_value_error(case, change):
     inputs, call, expected = case

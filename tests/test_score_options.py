@@ -382,6 +382,25 @@ def test_segment_ids_forms_and_dtypes(rng):
                  ref.scaled_dot_product_attention(q, k, v, segment_ids=neg))
 
 
+def test_segment_ids_uint64_past_int64_against_signed_ids(rng):
+    """2**63 (uint64) is not -2**63 (int64): ids compare as values, as NumPy's
+    == does; the same ids renumbered within int64 give the same bits."""
+    q, k, v = qkv(rng, (6, 4), (9, 4), (9, 3))
+    q_ids = np.array([2**63] * 2 + [0] * 4, np.uint64)
+    kv_ids = np.array([-2**63] * 5 + [0] * 4, np.int64)
+    assert not (q_ids[:, None] == kv_ids[None, :])[:2].any()  # (NumPy's comparison)
+    o = fastattn.scaled_dot_product_attention(q, k, v, segment_ids=(q_ids, kv_ids))
+    assert not o[:2].any()  # rows with no allowed key: zeros
+    same = fastattn.scaled_dot_product_attention(
+        q, k, v, segment_ids=(np.array([2] * 2 + [1] * 4), np.array([0] * 5 + [1] * 4)))
+    assert_same_bits(o, same)
+    for a, b in [(q_ids.tolist(), kv_ids), (q_ids, kv_ids.tolist())]:  # lists alike
+        assert_same_bits(fastattn.scaled_dot_product_attention(q, k, v, segment_ids=(a, b)),
+                         same)
+    assert_same_bits(ref.scaled_dot_product_attention(q, k, v, segment_ids=(q_ids, kv_ids))[:2],
+                     np.zeros((2, 3), np.float32))
+
+
 @pytest.mark.parametrize("q_shape,kv_shape", [
     ((9,), (11,)), ((1, 9), (1, 11)), ((3, 9), (11,)), ((2, 1, 9), (2, 3, 11)),
     ((2, 3, 9), (1, 1, 11)), ((1, 3, 9), (2, 1, 11))])

@@ -267,10 +267,10 @@ BAD = [
     # the first offset outside [0, 2**64) named (not "got dtype float64")
     ("cu-list-uint64", ValueError, r"cu_seqlens_q must end at total_q \(q.shape\[0\]\) = 5, got "
      r"18446744073709551615", {"cu_seqlens_q": [0, 3, 2**64 - 1]}),
-    ("cu-list-65-bits", ValueError, r"cu_seqlens_k must hold offsets in \[0, 2\*\*64\), got "
-     r"18446744073709551616 at index 2", {"cu_seqlens_k": [0, 4, 2**64]}),
-    ("cu-list-negative", ValueError, r"cu_seqlens_k must hold offsets in \[0, 2\*\*64\), got -1 "
-     r"at index 1", {"cu_seqlens_k": [0, -1, 2**63]}),
+    ("cu-list-65-bits", ValueError, r"cu_seqlens_k must hold 64-bit integers \(int64, or uint64 "
+     r"when all are >= 0\), got 18446744073709551616 at index 2", {"cu_seqlens_k": [0, 4, 2**64]}),
+    ("cu-list-negative", ValueError, r"cu_seqlens_k must hold 64-bit integers \(int64, or uint64 "
+     r"when all are >= 0\), got -1 at index 1", {"cu_seqlens_k": [0, -1, 2**63]}),
     ("cu-list-empty", ValueError, r"cu_seqlens_q must be a 1-d array of B \+ 1 >= 1.*\(0,\)",
      {"cu_seqlens_q": []}),
     ("cu-end", ValueError, r"cu_seqlens_q must end at total_q \(q.shape\[0\]\) = 5, got 6",

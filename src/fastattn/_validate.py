@@ -220,7 +220,7 @@ def check_out(out: Any, shape: Sequence[int], inputs: Iterable[Tuple[str, Any]])
 
     `inputs` is a sequence of (name, array) that `out` must not overlap.
     """
-    if not isinstance(out, np.ndarray):
+    if not isinstance(out, np.ndarray) or isinstance(out, np.matrix):
         raise TypeError(f"out must be a numpy.ndarray, got {type(out).__name__}")
     if out.dtype != np.float32:
         raise TypeError(f"out must have dtype float32, got {out.dtype} (nothing is cast into out)")
@@ -309,12 +309,7 @@ class SegmentIds(NamedTuple):
 
 
 def _ids(value: Any, name: str, target: Tuple[int, ...]) -> np.ndarray:
-    if is_masked_array(value):
-        raise TypeError(f"{name} must be a plain integer array, not a masked array")
-    try:
-        arr = np.asarray(value)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"{name} must be an integer array: {exc}") from None
+    arr = int_array(value, name)
     if arr.dtype.kind not in "iu":
         raise TypeError(f"{name} must have an integer dtype, got {arr.dtype}")
     try:
@@ -334,6 +329,11 @@ def _ids(value: Any, name: str, target: Tuple[int, ...]) -> np.ndarray:
     if arr.dtype == np.uint64:  # reinterpreted: equal ids stay equal, different ones differ
         return aligned(np.ascontiguousarray(arr)).view(np.int64)
     return aligned(np.ascontiguousarray(arr, dtype=np.int64))
+
+
+def _past_int64(arr: np.ndarray) -> bool:
+    """True if `arr` is uint64 with an id of 2**63 or more."""
+    return arr.dtype == np.uint64 and arr.size > 0 and int(arr.max()) >= 2**63
 
 
 def check_segment_ids(segment_ids: Any, batch: Sequence[int], L: int,
@@ -359,6 +359,16 @@ def check_segment_ids(segment_ids: Any, batch: Sequence[int], L: int,
         if q_ids is not kv_ids else ("segment_ids", "segment_ids")
     q = _ids(q_ids, names[0], tuple(batch) + (L,))
     kv = q if kv_ids is q_ids else _ids(kv_ids, names[1], tuple(batch) + (S,))
+    if kv is not q:
+        qa, ka = int_array(q_ids, names[0]), int_array(kv_ids, names[1])
+        if (_past_int64(qa) or _past_int64(ka)) and "i" in (qa.dtype.kind, ka.dtype.kind):
+            # uint64 ids of 2**63 or more against signed ids: _ids'
+            # reinterpretation would make 2**63 equal to -2**63; their ranks
+            # among all the ids compare (and order) as the values do
+            both = np.concatenate([qa.reshape(-1).astype(object), ka.reshape(-1).astype(object)])
+            rank = np.unique(both, return_inverse=True)[1].reshape(-1).astype(np.int64)
+            q = _ids(rank[:qa.size].reshape(qa.shape), names[0], tuple(batch) + (L,))
+            kv = _ids(rank[qa.size:].reshape(ka.shape), names[1], tuple(batch) + (S,))
     ordered = kv.ndim == 0 or kv.shape[-1] <= 1 or bool(np.all(kv[..., 1:] >= kv[..., :-1]))
     return SegmentIds(q=q, kv=kv, sorted=ordered)
 
@@ -578,29 +588,45 @@ def merge_inputs(outs, lses):
 # Packed variable-length batches
 
 
+def int_array(x: Any, name: str) -> np.ndarray:
+    """`x` as a NumPy integer array in its own dtype (TypeError otherwise).
+    Python ints that no one NumPy integer dtype holds (NumPy makes them float64
+    or object) are read as uint64 where they are all in [0, 2**64); otherwise
+    ValueError names the first that is not."""
+    if is_masked_array(x):
+        raise TypeError(f"{name} must be a plain integer array, not a masked array")
+    try:
+        arr = np.asarray(x)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name} must be an integer array: {exc}") from None
+    if arr.dtype.kind in "fO" and arr.size and not isinstance(x, np.ndarray):
+        items = np.asarray(x, dtype=object)
+        flat = items.ravel()
+        if all(isinstance(v, (int, np.integer)) for v in flat):
+            out = [i for i, v in enumerate(flat) if not 0 <= int(v) < 2**64]
+            if out:
+                raise ValueError(f"{name} must hold 64-bit integers (int64, or uint64 when "
+                                 f"all are >= 0), got {int(flat[out[0]])} at index {out[0]}")
+            arr = items.astype(np.uint64)
+    return arr
+
+
+def index_int64(arr: np.ndarray, name: str) -> np.ndarray:
+    """An integer array from int_array as int64: ValueError for a uint64 value
+    of 2**63 or more (named, not wrapped to a negative number)."""
+    if arr.dtype == np.uint64 and arr.size and int(arr.max()) >= 2**63:
+        i = int(np.argmax(arr.reshape(-1) >= np.uint64(2**63)))
+        raise ValueError(f"{name} must hold integers below 2**63, got "
+                         f"{int(arr.reshape(-1)[i])} at flat index {i}")
+    return arr.astype(np.int64)
+
+
 def check_cu_seqlens(cu: Any, name: str, total: int, what: str) -> np.ndarray:
     """`cu` as an int64 array: 1-d integers from 0, non-decreasing, ending at
     `total` (the packed length `what`)."""
-    if is_masked_array(cu):
-        raise TypeError(f"{name} must be a plain 1-d integer array, not a masked array")
-    try:
-        arr = np.asarray(cu)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"{name} must be a 1-d integer array: {exc}") from None
+    arr = int_array(cu, name)
     if arr.ndim == 1 and arr.shape[0] == 0:  # (before the dtype: [] is float64)
         raise ValueError(f"{name} must be a 1-d array of B + 1 >= 1 offsets, got shape (0,)")
-    if arr.dtype.kind in "fO" and not isinstance(cu, np.ndarray):
-        # Python ints that no one NumPy integer dtype holds (NumPy made them
-        # float64 or object): uint64 where they are all in [0, 2**64), else
-        # the first that is not is named
-        items = np.asarray(cu, dtype=object)
-        flat = items.ravel()
-        if all(isinstance(x, (int, np.integer)) for x in flat):
-            out = [i for i, x in enumerate(flat) if not 0 <= int(x) < 2**64]
-            if out:
-                raise ValueError(f"{name} must hold offsets in [0, 2**64), got "
-                                 f"{int(flat[out[0]])} at index {out[0]}")
-            arr = items.astype(np.uint64)
     if arr.dtype.kind not in "iu":
         raise TypeError(f"{name} must be a 1-d integer array, got dtype {arr.dtype}")
     if arr.ndim != 1 or arr.shape[0] < 1:

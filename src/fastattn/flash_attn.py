@@ -26,7 +26,6 @@ This is inference only: ``dropout_p != 0`` raises ``ValueError``; there is no
 backward pass (``deterministic`` is accepted and has no effect: the forward
 pass is deterministic, bitwise, for every thread count).
 """
-import math
 import numbers
 import operator
 
@@ -34,7 +33,8 @@ import numpy as np
 
 import fastattn
 from fastattn import _api  # _paged_sdpa: the kernel's in-place paged read
-from fastattn._validate import as_array, shares_memory
+from fastattn._validate import (as_array, check_cu_seqlens, check_out, check_scale,
+                                check_softcap, index_int64, int_array, shares_memory)
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"]
 
@@ -67,13 +67,14 @@ def _array(x, name, ndim, writeable=False):
 
 
 def _index_array(x, name, shape=None):
-    """`x` as an int64 array (of `shape` when given); TypeError unless integer."""
-    arr = np.asarray(x)
+    """`x` as an int64 array (of `shape` when given); TypeError unless integer,
+    ValueError for a value that int64 does not hold (named, never wrapped)."""
+    arr = int_array(x, name)
     if arr.dtype.kind not in "iu":
         raise TypeError(f"{name} must be an array of integers, got dtype {arr.dtype}")
     if shape is not None and arr.shape != shape:
         raise ValueError(f"{name} must have shape {shape}, got {arr.shape}")
-    return arr.astype(np.int64)
+    return index_int64(arr, name)
 
 
 def _int(x, name, minimum=0):
@@ -109,19 +110,22 @@ def _check_scale(softmax_scale):
     if isinstance(softmax_scale, (bool, np.bool_)) or not isinstance(softmax_scale, numbers.Real):
         raise TypeError(f"softmax_scale must be a float or None, got "
                         f"{type(softmax_scale).__name__}")
-    if not math.isfinite(float(softmax_scale)):
-        raise ValueError(f"softmax_scale must be finite, got {softmax_scale!r}")
-    return float(softmax_scale)
+    try:  # the core's rule (finite in float32), under FlashAttention's name
+        return check_scale(softmax_scale, 1)
+    except ValueError:
+        raise ValueError(f"softmax_scale must be finite (in float32), got {softmax_scale!r}") \
+            from None
 
 
 def _check_softcap(softcap):
     """FlashAttention's softcap (0.0 = off) as the core's (None = off)."""
     if isinstance(softcap, (bool, np.bool_)) or not isinstance(softcap, numbers.Real):
         raise TypeError(f"softcap must be a float, got {type(softcap).__name__}")
-    value = float(softcap)
-    if not (math.isfinite(value) and value >= 0):
+    if softcap == 0:
+        return None
+    if softcap < 0:
         raise ValueError(f"softcap must be a finite float >= 0 (0.0 = off), got {softcap!r}")
-    return value if value > 0 else None
+    return check_softcap(softcap)  # the core's rule: finite in float32, a normal float32
 
 
 def _check_window(window_size):
@@ -143,18 +147,22 @@ def _check_window(window_size):
 
 
 def _check_alibi(alibi_slopes, B, H):
-    """alibi_slopes of shape (H,) or (B, H), finite, as a float32 array."""
+    """alibi_slopes of shape (H,) or (B, H), finite in float32, as a new float32
+    array (a copy: `out` may not overlap it, and nothing written reaches it)."""
     if alibi_slopes is None:
         return None
-    arr = np.asarray(alibi_slopes)
-    if arr.dtype.kind != "f":
+    arr = as_array(alibi_slopes, "alibi_slopes")
+    if not _real_float_dtype(arr.dtype):
         raise TypeError(f"alibi_slopes must have a real floating dtype, got {arr.dtype}")
     if arr.shape not in ((H,), (B, H)):
         raise ValueError(f"alibi_slopes must have shape (nheads,) = ({H},) or (batch_size, "
                          f"nheads) = ({B}, {H}), got {arr.shape}")
-    if not np.isfinite(arr).all():
-        raise ValueError("alibi_slopes must be finite")
-    return arr
+    with np.errstate(over="ignore"):  # (beyond float32: inf, reported below)
+        arr32 = np.array(arr, dtype=np.float32)
+    if not np.isfinite(arr32).all():
+        raise ValueError(f"alibi_slopes must be finite (in float32), got "
+                         f"{float(arr[~np.isfinite(arr32)].reshape(-1)[0])!r}")
+    return arr32
 
 
 def _check_heads(H, Hkv, what="k"):
@@ -164,25 +172,12 @@ def _check_heads(H, Hkv, what="k"):
 
 
 def _check_out(out, shape, inputs):
-    """`out` for a result of `shape`: float32 (TypeError), exact shape, C-contiguous,
-    writeable, aligned and not overlapping an input (ValueError)."""
-    if out is None:
-        return None
-    if not isinstance(out, np.ndarray):
-        raise TypeError(f"out must be a NumPy array, got {type(out).__name__}")
-    if out.dtype != np.float32:
-        raise TypeError(f"out must have dtype float32 (nothing is cast into it), got {out.dtype}")
-    if out.shape != shape:
-        raise ValueError(f"out must have shape {shape}, got {out.shape}")
-    if not out.flags.c_contiguous:
-        raise ValueError("out must be C-contiguous")
-    if not out.flags.writeable:
-        raise ValueError("out must be writeable")
-    if not out.flags.aligned:
-        raise ValueError("out must be aligned (its address a multiple of 4 bytes)")
-    for name, arr in inputs:
-        if isinstance(arr, np.ndarray) and np.may_share_memory(out, arr):
-            raise ValueError(f"out must not share memory with {name}")
+    """`out` for a result of `shape` (None: none), by the core's rule: a float32
+    ndarray (TypeError) of exactly that shape, C-contiguous, writeable, aligned
+    and not overlapping any of `inputs` (ValueError): the caller's own arrays,
+    not copies made of them."""
+    if out is not None:
+        check_out(out, shape, inputs)
     return out
 
 
@@ -345,7 +340,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                        _check_alibi(alibi_slopes, B, H))
     _bool(deterministic, "deterministic")
     return_attn_probs = _bool(return_attn_probs, "return_attn_probs")
-    out = _check_out(out, (B, L, H, Dv), [("q", q), ("k", k), ("v", v)])
+    out = _check_out(out, (B, L, H, Dv), [("q", q), ("k", k), ("v", v),
+                                          ("alibi_slopes", alibi_slopes)])
     o = _core_out(out, B, L, H, Dv)
     o, lse = fastattn.scaled_dot_product_attention(
         _bhld(q), _bhld(k), _bhld(v), enable_gqa=True, return_lse=True, out=o, **kw)
@@ -360,15 +356,10 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
 # flash_attn_varlen_func
 
 
-def _check_cu_seqlens(cu, name, total):
-    cu = _index_array(cu, name)
-    if cu.ndim != 1 or cu.size < 1:
-        raise ValueError(f"{name} must be a 1-d array of batch_size + 1 offsets, got shape "
-                         f"{cu.shape}")
-    if cu[0] != 0 or (np.diff(cu) < 0).any() or cu[-1] != total:
-        raise ValueError(f"{name} must start at 0, not decrease and end at {total} (the "
-                         f"number of tokens), got {cu.tolist()}")
-    return cu
+def _check_cu_seqlens(cu, name, total, what):
+    """Offsets by varlen_attention's rule (int64): 1-d, from 0, non-decreasing,
+    ending at `total` (`what`)."""
+    return check_cu_seqlens(cu, name, total, what)
 
 
 def _check_block_table(block_table, B, num_blocks, lengths_end, block_size, name_lengths):
@@ -499,15 +490,22 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                          f"shape {v.shape}")
     _check_heads(H, Hkv)
     Dv = v.shape[-1]
-    cu_q = _check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", total_q)
+    cu_q = _check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", total_q, "total_q (q.shape[0])")
     B = cu_q.size - 1
     if paged:
-        cu_k = _index_array(cu_seqlens_k, "cu_seqlens_k")
-        if cu_k.shape != (B + 1,) or cu_k[0] != 0 or (np.diff(cu_k) < 0).any():
+        if k.shape[1] < 1:
+            raise ValueError(f"k must have a block size (axis 1) >= 1 with block_table, got "
+                             f"shape {k.shape}")
+        raw = int_array(cu_seqlens_k, "cu_seqlens_k")
+        if raw.dtype.kind not in "iu":
+            raise TypeError(f"cu_seqlens_k must be an array of integers, got dtype {raw.dtype}")
+        # (compared in their own dtype: no wrap-around)
+        if raw.shape != (B + 1,) or raw[0] != 0 or (raw[1:] < raw[:-1]).any():
             raise ValueError(f"cu_seqlens_k must be {B + 1} offsets starting at 0 and not "
-                             f"decreasing, got {cu_k.tolist()}")
+                             f"decreasing, got {raw.tolist()}")
+        cu_k = index_int64(raw, "cu_seqlens_k")
     else:
-        cu_k = _check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", k.shape[0])
+        cu_k = _check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", k.shape[0], "total_k (k.shape[0])")
         if cu_k.size != B + 1:
             raise ValueError(f"cu_seqlens_k must have the length of cu_seqlens_q ({B + 1}), "
                              f"got {cu_k.size}")
@@ -525,6 +523,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     alibi = _check_alibi(alibi_slopes, B, H)
     _bool(deterministic, "deterministic")
     return_attn_probs = _bool(return_attn_probs, "return_attn_probs")
+    inputs = [("q", q), ("k", k), ("v", v), ("alibi_slopes", alibi_slopes)]  # (the caller's)
     if paged:
         table = _check_block_table(block_table, B, k.shape[0], len_k, k.shape[1], "cu_seqlens_k")
         k = np.concatenate([_gather_pages(k, table[b], 0, len_k[b]) for b in range(B)]
@@ -532,7 +531,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         v = np.concatenate([_gather_pages(v, table[b], 0, len_k[b]) for b in range(B)]
                            or [v[:0, 0]])
         cu_k = np.concatenate([[0], np.cumsum(len_k)])
-    out = _check_out(out, (total_q, H, Dv), [("q", q), ("k", k), ("v", v)])
+    out = _check_out(out, (total_q, H, Dv), inputs)
     kw = _core_options(causal, window, scale, cap, alibi)
     o, lse = fastattn.varlen_attention(q, k, v, cu_q, cu_k, return_lse=True, out=out, **kw)
     lse = np.ascontiguousarray(lse.T)  # FlashAttention's (H, total_q)
@@ -810,6 +809,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             raise ValueError("cache_batch_idx cannot be used with block_table (a paged cache "
                              "is addressed through block_table)")
         block_size = k_cache.shape[1]
+        if block_size < 1:
+            raise ValueError(f"k_cache must have a block size (axis 1) >= 1 with block_table, "
+                             f"got shape {k_cache.shape}")
         table = _index_array(block_table, "block_table")
         if table.ndim != 2 or table.shape[0] != B:
             raise ValueError(f"block_table must have shape (batch_size, max_num_blocks_per_seq) "
@@ -831,16 +833,21 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if cache_seqlens is None:
         seqlens = np.full(B, capacity, np.int64)
     elif np.ndim(cache_seqlens) == 0:  # an int (or a 0-d integer array): every sequence
-        seqlens = np.full(B, _int(cache_seqlens, "cache_seqlens", minimum=-2**63), np.int64)
+        value = _int(cache_seqlens, "cache_seqlens", minimum=-2**70)
+        # (beyond int64 either way: out of range, named as such below)
+        seqlens = np.full(B, min(max(value, -1), capacity + 1), np.int64)
     else:
         seqlens = _index_array(cache_seqlens, "cache_seqlens", (B,))
-    end = seqlens + L_new
-    if B and ((seqlens < 0).any() or end.max() > capacity):
-        b = int(np.argmax((seqlens < 0) | (end > capacity)))
+    # (seqlens + L_new could wrap past int64: compared the other way round)
+    bad = (seqlens < 0) | (seqlens > capacity - L_new)
+    if B and bad.any():
+        b = int(np.argmax(bad))
+        got = value if np.ndim(cache_seqlens) == 0 else int(seqlens[b])
         where = ("block_table addresses" if paged else "k_cache has (k_cache.shape[1])")
-        raise ValueError(f"cache_seqlens[{b}] = {int(seqlens[b])}"
+        raise ValueError(f"cache_seqlens[{b}] = {got}"
                          + (f" plus seqlen_new = {L_new}" if L_new else "")
                          + f" must lie in [0, {capacity}]: the positions {where}")
+    end = seqlens + L_new
     if cache_leftpad is None:
         start = np.zeros(B, np.int64)
     else:
@@ -858,6 +865,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     rotary_interleaved = _bool(rotary_interleaved, "rotary_interleaved")
     _int(num_splits, "num_splits")
     return_softmax_lse = _bool(return_softmax_lse, "return_softmax_lse")
+
+    # (the caller's arrays, which `out` must not overlap: not the rotated copies)
+    inputs = [("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v),
+              ("alibi_slopes", alibi_slopes)]
 
     # Rotary embedding of q and the new k.
     if (rotary_cos is None) != (rotary_sin is None):
@@ -885,8 +896,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         q = _rotate(q, cos, sin, q_pos, rotary_interleaved)
         k = _rotate(k, cos, sin, k_pos, rotary_interleaved)
 
-    out = _check_out(out, (B, L, H, Dv), [("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
-                                          ("k", k), ("v", v)])
+    out = _check_out(out, (B, L, H, Dv), inputs)
 
     # Append k and v into the cache, in place (everything has been checked).
     # q, k or v that share memory with the cache are read as they were before
