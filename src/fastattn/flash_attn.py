@@ -282,10 +282,12 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     ValueError
         If `dropout_p` is not 0, an array does not have 4 dimensions, the batch
         sizes, S, D or kv heads of q, k and v disagree, ``H % Hkv != 0``,
-        `window_size` is not a pair of ints, `softmax_scale` is not finite,
-        `softcap` is negative or not finite, `alibi_slopes` has a shape other
-        than (H,) or (B, H) or is not finite, or `out` has the wrong shape or
-        layout or overlaps an input.
+        `window_size` is not a pair of ints, `softmax_scale` is not finite
+        in float32, `softcap` is negative, not finite in float32 or positive
+        but below the smallest normal float32, `alibi_slopes` has a shape other
+        than (H,) or (B, H) or is not finite in float32, or `out` has the wrong
+        shape or layout or overlaps an input (the caller's arrays, also
+        `alibi_slopes`, not the copies made of them).
 
     Notes
     -----
@@ -445,12 +447,14 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     ------
     TypeError
         As :func:`flash_attn_func`; also if the offsets or `block_table` are not
-        integers.
+        integers (Python ints that no one 64-bit integer dtype holds give a
+        ValueError that names the first of them; so does a value of 2**63 or
+        more in `block_table` or in the paged `cu_seqlens_k`).
     ValueError
         As :func:`flash_attn_func`; also if the offsets are not as described,
         a `max_seqlen` is smaller than a sequence, or `block_table` has the
         wrong shape, addresses fewer positions than a sequence needs or points
-        outside the cache.
+        outside the cache, or the paged `k` has a block size of 0.
 
     Notes
     -----
@@ -721,9 +725,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         `k`, ``cache_seqlens[b] + L_new`` exceeds the cache (or what
         `block_table` addresses), `cache_leftpad` is outside ``[0,
         cache_seqlens]``, `cache_batch_idx` or `block_table` point outside the
-        cache, `cache_batch_idx` is given with `block_table`, the rotary tables
-        do not cover the positions used, the cache is read-only while `k` is
-        given, and as :func:`flash_attn_func`.
+        cache, `cache_batch_idx` is given with `block_table`, the paged cache
+        has a block size of 0, an index array holds a value that int64 does
+        not (named; never wrapped), the rotary tables do not cover the
+        positions used, the cache is read-only while `k` is given, and as
+        :func:`flash_attn_func` (`out` checked against the caller's q, before
+        the rotary embedding).
 
     Notes
     -----
