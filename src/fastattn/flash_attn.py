@@ -26,6 +26,7 @@ This is inference only: ``dropout_p != 0`` raises ``ValueError``; there is no
 backward pass (``deterministic`` is accepted and has no effect: the forward
 pass is deterministic, bitwise, for every thread count).
 """
+import math
 import numbers
 import operator
 
@@ -358,12 +359,6 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
 # flash_attn_varlen_func
 
 
-def _check_cu_seqlens(cu, name, total, what):
-    """Offsets by varlen_attention's rule (int64): 1-d, from 0, non-decreasing,
-    ending at `total` (`what`)."""
-    return check_cu_seqlens(cu, name, total, what)
-
-
 def _check_block_table(block_table, B, num_blocks, lengths_end, block_size, name_lengths):
     """block_table (B, max_blocks) of ints; the entries that cover positions
     [0, lengths_end[b]) must index the cache's blocks."""
@@ -494,7 +489,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                          f"shape {v.shape}")
     _check_heads(H, Hkv)
     Dv = v.shape[-1]
-    cu_q = _check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", total_q, "total_q (q.shape[0])")
+    # (offsets by varlen_attention's rule, as int64)
+    cu_q = check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", total_q, "total_q (q.shape[0])")
     B = cu_q.size - 1
     if paged:
         if k.shape[1] < 1:
@@ -509,7 +505,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                              f"decreasing, got {raw.tolist()}")
         cu_k = index_int64(raw, "cu_seqlens_k")
     else:
-        cu_k = _check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", k.shape[0], "total_k (k.shape[0])")
+        cu_k = check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", k.shape[0], "total_k (k.shape[0])")
         if cu_k.size != B + 1:
             raise ValueError(f"cu_seqlens_k must have the length of cu_seqlens_q ({B + 1}), "
                              f"got {cu_k.size}")
@@ -837,11 +833,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             if ((rows < 0) | (rows >= k_cache.shape[0])).any():
                 raise ValueError(f"cache_batch_idx must index k_cache's {k_cache.shape[0]} rows, "
                                  f"got {rows.tolist()}")
+    scalar = cache_seqlens is not None and np.ndim(cache_seqlens) == 0
     if cache_seqlens is None:
         seqlens = np.full(B, capacity, np.int64)
-    elif np.ndim(cache_seqlens) == 0:  # an int (or a 0-d integer array): every sequence
-        value = _int(cache_seqlens, "cache_seqlens", minimum=-2**70)
-        # (beyond int64 either way: out of range, named as such below)
+    elif scalar:  # an int (or a 0-d integer array): every sequence
+        value = _int(cache_seqlens, "cache_seqlens", minimum=-math.inf)
+        # (any int: one beyond int64 is out of range, named as such below)
         seqlens = np.full(B, min(max(value, -1), capacity + 1), np.int64)
     else:
         seqlens = _index_array(cache_seqlens, "cache_seqlens", (B,))
@@ -849,7 +846,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     bad = (seqlens < 0) | (seqlens > capacity - L_new)
     if B and bad.any():
         b = int(np.argmax(bad))
-        got = value if np.ndim(cache_seqlens) == 0 else int(seqlens[b])
+        got = value if scalar else int(seqlens[b])
         where = ("block_table addresses" if paged else "k_cache has (k_cache.shape[1])")
         raise ValueError(f"cache_seqlens[{b}] = {got}"
                          + (f" plus seqlen_new = {L_new}" if L_new else "")
