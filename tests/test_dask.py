@@ -127,6 +127,8 @@ def test_set_worker_threads(client):
         fdask.set_worker_threads(client, 1)
     with pytest.raises(ValueError, match="4096"):
         fdask.FastattnThreads(0)
+    with pytest.raises(TypeError, match="client must be a dask.distributed.Client, got NoneType"):
+        fdask.set_worker_threads(None, 2)
 
 
 def test_set_worker_threads_leaves_a_threaded_clusters_caller_alone():

@@ -232,6 +232,11 @@ def test_bad_input(impl):
         impl.merge_attention([np.zeros((3, 4), np.int32)] * 2, lse)
     with pytest.raises(TypeError, match="lses must have a real floating dtype"):
         impl.merge_attention(o, lse.astype(complex))
+    # neither a sequence nor an array: named as such (not "got dtype object")
+    with pytest.raises(TypeError, match="outs must be a list or tuple of arrays.*got generator"):
+        impl.merge_attention((x for x in o), lse)
+    with pytest.raises(TypeError, match="lses must be a list or tuple of arrays.*got NoneType"):
+        impl.merge_attention(o, None)
 
 
 def test_bits_independent_of_threads(rng, threads):

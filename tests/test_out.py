@@ -119,8 +119,19 @@ def test_out_not_an_ndarray_type_error(case, kind):
 def test_out_a_numpy_matrix_type_error():
     # an ndarray subclass whose reshape stays 2-d: refused by name
     x = np.zeros((3, 4), np.float32)
-    with pytest.raises(TypeError, match="out must be a numpy.ndarray, got matrix"):
+    with pytest.raises(TypeError, match="out must be a numpy.ndarray, not a matrix"):
         fastattn.scaled_dot_product_attention(x, x, x, out=np.matrix(np.zeros((3, 4), np.float32)))
+
+
+def test_out_a_masked_array_type_error():
+    # refused, as a masked input is: its mask would hide values written under it
+    x = np.zeros((3, 4), np.float32)
+    out = np.ma.array(np.zeros((3, 4), np.float32), mask=np.eye(3, 4, dtype=bool))
+    for call in (lambda: fastattn.softmax(x, out=out),
+                 lambda: fastattn.scaled_dot_product_attention(x, x, x, out=out)):
+        with pytest.raises(TypeError, match="out must be a numpy.ndarray, not a MaskedArray"):
+            call()
+    assert not out.data.any()
 
 
 @pytest.mark.parametrize("change", ["extra-dim", "missing-dim", "longer", "shorter", "reversed"])

@@ -105,7 +105,8 @@ def test_masked_arrays_are_rejected(mod):
 
 
 @pytest.mark.parametrize("argv", [["-L", "0"], ["--repeat", "0"], ["--threads", "0"],
-                                  ["-D", "0"], ["-S", "-1"], ["-L", "x"]])
+                                  ["-D", "0"], ["-S", "-1"], ["-L", "x"],
+                                  ["-L", "4", "--threads", "4097"]])
 def test_bench_rejects_bad_counts(argv, capsys):
     from fastattn.__main__ import main
 
@@ -113,6 +114,24 @@ def test_bench_rejects_bad_counts(argv, capsys):
         main(["bench", *argv])
     assert exc.value.code == 2
     assert "expected an integer" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--options", "--models"], "--options takes only -H, -L, -D, --threads and --repeat, "
+                                "not --models"),
+    (["--options", "-S", "8"], "not -S"),
+    (["-L", "4", "--case", "BERT-base"], "--case selects cases of --models"),
+    (["-L", "100000000"], "this shape needs about 2288.8 GiB of arrays"),
+])
+def test_bench_refuses_what_it_would_ignore_or_could_not_hold(argv, words, capsys):
+    # a usage error (2) before anything is allocated or timed, not a flag
+    # silently ignored or a NumPy MemoryError traceback
+    from fastattn.__main__ import _memory_bytes, main
+
+    if "GiB" in words and (_memory_bytes() or 0) > 2**40:
+        pytest.skip("a machine with more than 1 TiB of memory")
+    assert main(["bench", *argv]) == 2
+    assert words in capsys.readouterr().err
 
 
 def test_bench_times_grouped_query_shapes(capsys):

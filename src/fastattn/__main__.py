@@ -9,12 +9,13 @@ ONNX Runtime; with a shape option (``-L 4096 --causal`` ...) it times a shape
 of one's own.
 """
 import argparse
+import os
 import sys
 
 import numpy as np
 
 import fastattn
-from fastattn import reference
+from fastattn import _api, reference
 from fastattn._bench import (
     KV_DTYPES,
     LAYOUTS,
@@ -131,6 +132,15 @@ def bench(args):
                       ("batch", "heads", "kv_heads", "L", "S", "D", "window", "kv_dtype",
                        "layout")) or args.causal
     if args.options:
+        ignored = [flag for flag, on in (
+            ("--models", args.models), ("--case", args.case), ("--batch", args.batch),
+            ("--kv-heads", args.kv_heads), ("-S", args.S), ("--causal", args.causal),
+            ("--window", args.window), ("--kv-dtype", args.kv_dtype),
+            ("--layout", args.layout), ("--reference", args.reference)) if on]
+        if ignored:
+            print(f"bench: --options takes only -H, -L, -D, --threads and --repeat, not "
+                  f"{', '.join(ignored)}", file=sys.stderr)
+            return 2
         options_grid(repeat=args.repeat, L=args.L or 4096, heads=args.heads or 8,
                      D=args.D or 128, threads=args.threads or 2)
         return 0
@@ -141,6 +151,9 @@ def bench(args):
         models(repeat=args.repeat, threads=args.threads or 2, cases=args.case)
         fastattn.set_num_threads(None)
         return 0
+    if args.case:
+        print("bench: --case selects cases of --models", file=sys.stderr)
+        return 2
     if args.threads is not None:
         fastattn.set_num_threads(args.threads)
     if not shape_given:
@@ -157,6 +170,21 @@ def bench(args):
     window = None if args.window is None else (args.window - 1, 0)  # window_size W
     peers = [p for p, on in (("reference", args.reference), ("torch", not args.no_torch)) if on]
     kv, layout = args.kv_dtype or "float32", args.layout or "bhld"
+    # Refused before anything is allocated: q, k, v and the output in float32,
+    # about three times over (the peers' copies, the float32 twin of a
+    # half-precision k and v); the reference's float64 scores and their
+    # intermediates, four (B, H, L, S) arrays at its peak (tracemalloc).
+    need = 3 * 4 * (B * H * L * (D + D) + 2 * B * Hkv * S * D)
+    have = _memory_bytes()
+    if have is not None and need > 0.75 * have:
+        print(f"bench: this shape needs about {_gib(need)} of arrays, more than 3/4 of this "
+              f"machine's {_gib(have)}", file=sys.stderr)
+        return 2
+    if args.reference and have is not None and 4 * 8 * B * H * L * S > 0.75 * have:
+        print(f"bench: --reference forms the (B, H, L, S) scores in float64: about "
+              f"{_gib(4 * 8 * B * H * L * S)} for this shape, more than 3/4 of this "
+              f"machine's {_gib(have)}; not timed", file=sys.stderr)
+        peers.remove("reference")
     if kv == "bfloat16":
         try:
             import ml_dtypes  # noqa: F401
@@ -164,8 +192,12 @@ def bench(args):
             print("bench: --kv-dtype bfloat16 needs ml_dtypes (pip install ml_dtypes)",
                   file=sys.stderr)
             return 2
-    times = time_sdpa(B, H, L, S, D, causal=args.causal, window=window, repeat=args.repeat,
-                      peers=peers, kv_heads=Hkv, kv=kv, layout=layout)
+    try:
+        times = time_sdpa(B, H, L, S, D, causal=args.causal, window=window, repeat=args.repeat,
+                          peers=peers, kv_heads=Hkv, kv=kv, layout=layout)
+    except MemoryError as exc:  # (what the estimate above let through)
+        print(f"bench: out of memory for this shape: {exc}", file=sys.stderr)
+        return 1
     label = (f"sdpa B={B} H={H}" + (f"/{Hkv}" if Hkv != H else "") + f" L={L} S={S} D={D}"
              + (" causal" if args.causal else "")
              + (f" window={args.window}" if window else "")
@@ -174,17 +206,30 @@ def bench(args):
     return 0
 
 
-def _count(minimum):
-    """An argparse type: an int >= minimum."""
+def _count(minimum, maximum=None):
+    """An argparse type: an int >= minimum (and <= maximum when given)."""
     def parse(text):
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
+        if value < minimum or (maximum is not None and value > maximum):
+            within = f"in [{minimum}, {maximum}]" if maximum is not None else f">= {minimum}"
+            raise argparse.ArgumentTypeError(f"expected an integer {within}, got {value}")
         return value
     return parse
+
+
+def _memory_bytes():
+    """This machine's physical memory in bytes, or None where it is not known."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _gib(n):
+    return f"{n / 2**30:.1f} GiB"
 
 
 def main(argv=None):
@@ -232,13 +277,14 @@ def main(argv=None):
                    help="bhld (default): q, k, v as contiguous (B, H, L, D); blhd: "
                         "(B, L, H, D) arrays viewed as (B, H, L, D), read in place; "
                         "also times the contiguous call (column f32/fa)")
-    b.add_argument("--threads", type=_count(1), default=None,
+    b.add_argument("--threads", type=_count(1, _api._MAX_THREADS), default=None,
                    help="fastattn (and torch) threads (default: OpenMP's)")
     b.add_argument("--repeat", type=_count(1), default=3,
                    help="timed runs (best kept); --options: rounds of the calls compared, "
                         "run in turn (at least 7; medians kept)")
     b.add_argument("--reference", action="store_true",
-                   help="also time the NumPy reference (O(L*S) memory)")
+                   help="also time the NumPy reference (O(L*S) memory: not timed where its float64 "
+                        "scores would take more than 3/4 of the memory)")
     b.add_argument("--no-torch", action="store_true", help="do not time PyTorch")
     b.add_argument("--no-memory", action="store_true",
                    help="grid: skip the peak-memory run (causal L=16384, ~10 s)")

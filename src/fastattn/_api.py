@@ -169,15 +169,19 @@ _ROWWISE_NOTES = """
     ``softmax = exp(x - m) / sum(exp(x - m))``,
     ``log_softmax = (x - m) - log(sum(exp(x - m)))``,
     ``logsumexp = m + log(sum(exp(x - m)))``.
-    Non-finite values follow IEEE arithmetic on that formula, as
-    ``scipy.special`` does: a NaN makes its whole slice NaN; a +inf makes the
-    softmax and log_softmax slice NaN and logsumexp +inf; -inf entries next to a
-    finite one get weight exactly 0 (log_softmax -inf); an all -inf slice gives
-    softmax NaN, log_softmax NaN, logsumexp -inf. An empty slice gives
-    logsumexp -inf.
+    Non-finite values follow IEEE arithmetic on that formula, as PyTorch and
+    ``scipy.special`` do: a NaN makes its whole slice NaN; a +inf makes the
+    softmax and log_softmax slice NaN and logsumexp +inf (scipy's log_softmax
+    alone differs there: NaN at the +inf entries, -inf at the others); -inf
+    entries next to a finite one get weight exactly 0 (log_softmax -inf); an
+    all -inf slice gives softmax NaN, log_softmax NaN, logsumexp -inf. An
+    empty slice gives logsumexp -inf.
 
     The computation is float32 with float64 sums; each element is within a few
-    float32 ulps of the float64 value. The slices are split over OpenMP
+    float32 ulps of the float64 value. "At any magnitude" means any float32:
+    a float64 input is converted to float32 first, so a value beyond
+    ``finfo(float32).max`` (about 3.4e38) becomes +-inf and the rules for
+    non-finite values apply to it. The slices are split over OpenMP
     threads; results do not depend on the thread count. Time O(x.size), no
     working memory beyond a contiguous copy when `x` is not C-contiguous
     float32 or `axis` is not the last.
@@ -1154,8 +1158,9 @@ def merge_attention(outs: ArrayLike, lses: ArrayLike, *,
     Raises
     ------
     TypeError
-        If a partial is not of a real floating dtype, or `out` is not a float32
-        ndarray.
+        If `outs` or `lses` is neither a list or tuple nor an array (a
+        generator, None), a partial is not of a real floating dtype, or `out`
+        is not a float32 ndarray.
     ValueError
         If outs and lses hold different numbers of partials, there is no
         partial (an empty sequence), the partial outputs do not all have the

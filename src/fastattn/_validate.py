@@ -220,8 +220,12 @@ def check_out(out: Any, shape: Sequence[int], inputs: Iterable[Tuple[str, Any]])
 
     `inputs` is a sequence of (name, array) that `out` must not overlap.
     """
-    if not isinstance(out, np.ndarray) or isinstance(out, np.matrix):
+    if not isinstance(out, np.ndarray):
         raise TypeError(f"out must be a numpy.ndarray, got {type(out).__name__}")
+    if isinstance(out, (np.matrix, np.ma.MaskedArray)):  # (its mask would hide the result)
+        raise TypeError(f"out must be a numpy.ndarray, not a {type(out).__name__} (np.matrix "
+                        f"stays 2-d when reshaped; a masked array's mask would hide the "
+                        f"result)")
     if out.dtype != np.float32:
         raise TypeError(f"out must have dtype float32, got {out.dtype} (nothing is cast into out)")
     if out.shape != tuple(shape):
@@ -550,6 +554,11 @@ def merge_inputs(outs, lses):
     output partial, (..., L, Dv).
     """
     def split(x, name):
+        if x is None or not (isinstance(x, (list, tuple)) or hasattr(x, "__array__")
+                             or hasattr(x, "__array_interface__") or hasattr(x, "__dlpack__")):
+            # (a generator or None would reach NumPy as a 0-d object array)
+            raise TypeError(f"{name} must be a list or tuple of arrays or one array with the "
+                            f"partials on its first axis, got {type(x).__name__}")
         if isinstance(x, (list, tuple)):
             return [as_float32(part, f"{name}[{p}]") for p, part in enumerate(x)], None
         arr = as_float32(x, name)

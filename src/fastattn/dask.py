@@ -121,6 +121,12 @@ def set_worker_threads(client, n=None):
     int
         The thread count set.
 
+    Raises
+    ------
+    TypeError
+        If `client` is not a client (it has no ``run``, ``register_plugin``
+        or ``scheduler_info``).
+
     Warns
     -----
     RuntimeWarning
@@ -136,6 +142,9 @@ def set_worker_threads(client, n=None):
         client = distributed.Client(cluster)
         fastattn.dask.set_worker_threads(client)   # 2 threads per fastattn call
     """
+    if not all(hasattr(client, m) for m in ("run", "register_plugin", "scheduler_info")):
+        raise TypeError(f"client must be a dask.distributed.Client, got "
+                        f"{type(client).__name__}")
     if n is None:
         workers = client.scheduler_info(n_workers=-1)["workers"]
         cores = client.run(_usable_cores)
@@ -176,8 +185,8 @@ def _as_dask(x, name, kind="float"):
         if dk not in "iu":
             raise TypeError(f"{name} must have an integer dtype, got {x.dtype}")
     elif dk != "f" and x.dtype.name != "bfloat16":
-        raise TypeError(f"{name} must have a real floating dtype (float16, float32 or "
-                        f"float64), got {x.dtype}")
+        raise TypeError(f"{name} must have a real floating dtype (float16, bfloat16, float32 "
+                        f"or float64), got {x.dtype}")
     if any(math.isnan(c) for cs in x.chunks for c in cs):
         raise ValueError(f"{name} has unknown chunk sizes (shape {x.shape}): its blocks "
                          f"cannot be aligned with the other arguments; call "
@@ -479,7 +488,7 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, wi
                              f"heads, got k {k.shape} and v {v.shape}")
         if Hkv < 1 or Hq % Hkv != 0:
             raise ValueError(f"with enable_gqa=True, q's heads ({Hq}) must be a multiple of "
-                             f"k's heads ({Hkv} >= 1)")
+                             f"k's heads ({Hkv}), which must be at least 1")
         group = max(1, Hq // Hkv)
         batch = _broadcast([a.shape[:-3] for a in (q, k, v)], "q/k/v") + (Hq,)
     else:
