@@ -401,7 +401,7 @@ def test_unaligned_and_odd_stride_inputs_are_copied(rng):
 
 @pytest.mark.parametrize("kvdtype", [np.float32, np.float16], ids=["float32", "float16"])
 def test_blhd_views_make_no_copy(rng, kvdtype):
-    # SPEC-level promise: (B, L, H, D) viewed as (B, H, L, D) is not copied.
+    # the documented promise: (B, L, H, D) viewed as (B, H, L, D) is not copied.
     _, q = _blhd(rng, 1, 512, 8, 64)    # 1 MiB each
     _, k = _blhd(rng, 1, 512, 8, 64, kvdtype)
     _, v = _blhd(rng, 1, 512, 8, 64, kvdtype)
