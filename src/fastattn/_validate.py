@@ -312,8 +312,8 @@ class SegmentIds(NamedTuple):
     sorted: bool
 
 
-def _ids(value: Any, name: str, target: Tuple[int, ...]) -> np.ndarray:
-    arr = int_array(value, name)
+def _ids(arr: np.ndarray, name: str, target: Tuple[int, ...]) -> np.ndarray:
+    """Ids read by int_array, checked and as int64 broadcasting to `target`."""
     if arr.dtype.kind not in "iu":
         raise TypeError(f"{name} must have an integer dtype, got {arr.dtype}")
     try:
@@ -333,11 +333,6 @@ def _ids(value: Any, name: str, target: Tuple[int, ...]) -> np.ndarray:
     if arr.dtype == np.uint64:  # reinterpreted: equal ids stay equal, different ones differ
         return aligned(np.ascontiguousarray(arr)).view(np.int64)
     return aligned(np.ascontiguousarray(arr, dtype=np.int64))
-
-
-def _past_int64(arr: np.ndarray) -> bool:
-    """True if `arr` is uint64 with an id of 2**63 or more."""
-    return arr.dtype == np.uint64 and arr.size > 0 and int(arr.max()) >= 2**63
 
 
 def check_segment_ids(segment_ids: Any, batch: Sequence[int], L: int,
@@ -361,10 +356,11 @@ def check_segment_ids(segment_ids: Any, batch: Sequence[int], L: int,
         q_ids = kv_ids = segment_ids
     names = ("segment_ids[0] (q_ids)", "segment_ids[1] (kv_ids)") \
         if q_ids is not kv_ids else ("segment_ids", "segment_ids")
-    q = _ids(q_ids, names[0], tuple(batch) + (L,))
-    kv = q if kv_ids is q_ids else _ids(kv_ids, names[1], tuple(batch) + (S,))
-    if kv is not q:
-        qa, ka = int_array(q_ids, names[0]), int_array(kv_ids, names[1])
+    qa = int_array(q_ids, names[0])
+    ka = qa if kv_ids is q_ids else int_array(kv_ids, names[1])
+    q = _ids(qa, names[0], tuple(batch) + (L,))
+    kv = q if ka is qa else _ids(ka, names[1], tuple(batch) + (S,))
+    if ka is not qa:
         if (_past_int64(qa) or _past_int64(ka)) and "i" in (qa.dtype.kind, ka.dtype.kind):
             # uint64 ids of 2**63 or more against signed ids: _ids'
             # reinterpretation would make 2**63 equal to -2**63; their ranks
@@ -620,10 +616,15 @@ def int_array(x: Any, name: str) -> np.ndarray:
     return arr
 
 
+def _past_int64(arr: np.ndarray) -> bool:
+    """True if `arr` is uint64 with a value of 2**63 or more."""
+    return arr.dtype == np.uint64 and arr.size > 0 and int(arr.max()) >= 2**63
+
+
 def index_int64(arr: np.ndarray, name: str) -> np.ndarray:
     """An integer array from int_array as int64: ValueError for a uint64 value
     of 2**63 or more (named, not wrapped to a negative number)."""
-    if arr.dtype == np.uint64 and arr.size and int(arr.max()) >= 2**63:
+    if _past_int64(arr):
         i = int(np.argmax(arr.reshape(-1) >= np.uint64(2**63)))
         raise ValueError(f"{name} must hold integers below 2**63, got "
                          f"{int(arr.reshape(-1)[i])} at flat index {i}")

@@ -496,14 +496,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         if k.shape[1] < 1:
             raise ValueError(f"k must have a block size (axis 1) >= 1 with block_table, got "
                              f"shape {k.shape}")
-        raw = int_array(cu_seqlens_k, "cu_seqlens_k")
-        if raw.dtype.kind not in "iu":
-            raise TypeError(f"cu_seqlens_k must be an array of integers, got dtype {raw.dtype}")
-        # (compared in their own dtype: no wrap-around)
-        if raw.shape != (B + 1,) or raw[0] != 0 or (raw[1:] < raw[:-1]).any():
+        cu_k = _index_array(cu_seqlens_k, "cu_seqlens_k")  # (exact int64: no wrap-around)
+        if cu_k.shape != (B + 1,) or cu_k[0] != 0 or (cu_k[1:] < cu_k[:-1]).any():
             raise ValueError(f"cu_seqlens_k must be {B + 1} offsets starting at 0 and not "
-                             f"decreasing, got {raw.tolist()}")
-        cu_k = index_int64(raw, "cu_seqlens_k")
+                             f"decreasing, got {cu_k.tolist()}")
     else:
         cu_k = check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", k.shape[0], "total_k (k.shape[0])")
         if cu_k.size != B + 1:
