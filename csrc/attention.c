@@ -284,6 +284,27 @@ static int64_t doc_tiles(const fa_attn_args *a, int64_t nq, int64_t *cut)
     return t;
 }
 
+/* 1 if units of FA_BQ rather than FA_BQ_IN_PLACE rows pay where the values
+ * are read in place: every row sees every key (no is_causal, no window), one
+ * kv head's k and v rows (S (D + Dv) elements) take more than half of a
+ * core's level-2 cache, so that each unit reads them again from the level
+ * below, and FA_BQ rows still leave 8 units a thread. A unit reads k and v
+ * once for its rows, so twice the rows halve that traffic (on the Xeon of
+ * the README's thirteenth round, L = S = 4096, D = 128, 8 heads: 1.047x;
+ * L = S = 2048: 1.028x; causal calls gained nothing, short ones lost up to
+ * 1.5 %). The unit's size does not change any row's arithmetic. */
+static int wide_units(const fa_attn_args *a, int64_t G, int threads)
+{
+    const int64_t kv_bytes = a->S * (a->D * (int64_t)fa_dtype_size(a->k_dtype)
+                                     + a->Dv * (int64_t)fa_dtype_size(a->v_dtype));
+    const int64_t nq = FA_BQ / (G < FA_BQ ? G : FA_BQ);
+    if (a->is_causal || a->win_left >= 0 || a->win_right >= 0 || a->S <= 0)
+        return 0;
+    if ((a->nbatch / G) * ((a->L + nq - 1) / nq) < 8 * (int64_t)threads)
+        return 0;
+    return kv_bytes > fa_l2_cache_bytes() / 2;
+}
+
 /* The units of a: groups of G items (several kv heads' groups, rows: see
  * row_groups) cut into slices of nh heads and tiles of nq query rows (a
  * unit holds at most bq rows: FA_BQ where its value tiles are copied, see
@@ -307,7 +328,7 @@ static fa_units unit_geometry(const fa_attn_args *a, int threads, int64_t *cut)
         g.G *= m;
     }
     g.bq = threads > 0 && a->L * g.G > FA_FEW_ROWS && a->Dv > 0
-                   && !fa_v_in_place(a->v_dtype, a->v_rs, a->Dv)
+                   && (!fa_v_in_place(a->v_dtype, a->v_rs, a->Dv) || wide_units(a, g.G, threads))
                ? FA_BQ : FA_BQ_IN_PLACE;       /* (not decoding, nor the weights) */
     g.nh = g.G < g.bq ? g.G : g.bq;            /* heads per unit */
     g.nhs = (g.G + g.nh - 1) / g.nh;           /* head slices per group */

@@ -1,8 +1,13 @@
 /*
- * config.c -- build and runtime facts reported by fastattn.show_config().
+ * config.c -- build and runtime facts reported by fastattn.show_config(),
+ * and the cache size the work units are planned for.
  */
 #include "fastattn.h"
 #include "fa_internal.h"
+
+#if defined(__unix__) || defined(__APPLE__)
+#include <unistd.h>
+#endif
 
 int fa_built_with_openmp(void)
 {
@@ -36,4 +41,14 @@ const char *fa_compiler(void)
 #else
     return "unknown C compiler";
 #endif
+}
+
+int64_t fa_l2_cache_bytes(void)
+{
+#if defined(_SC_LEVEL2_CACHE_SIZE)
+    const long n = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    if (n > 0)
+        return (int64_t)n;
+#endif
+    return (int64_t)1 << 20;
 }

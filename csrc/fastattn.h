@@ -172,6 +172,9 @@ int fa_built_with_openmp(void);
 int fa_omp_max_threads(void);
 const char *fa_compiler(void);
 const char *fa_simd_kernel(void);
+/* The bytes of level-2 cache a core has, as sysconf reports them (1 MiB where
+ * it does not): the work units' planning reads it. */
+int64_t fa_l2_cache_bytes(void);
 
 #ifdef __cplusplus
 }

@@ -184,6 +184,24 @@ static inline FA_TARGET __m512 exp2_nonpos_avx512(__m512 x)
     return _mm512_mask_mov_ps(_mm512_castsi512_ps(r), nan, x);
 }
 
+/* exp(x - m) = 2**((x - m) log2 e) for a score x against the row's maximum
+ * m <= its scores (exp2_masked_avx2 lane for lane): a register whose
+ * arguments are all at least -124 (a normal result; not NaN) takes
+ * exp2_normal_avx512 alone, others exp2_nonpos_avx512 where a lane needs it,
+ * and a score of -inf (a masked key) weighs exactly 0. */
+static FA_ALWAYS_INLINE FA_TARGET __m512 exp2_masked_avx512(__m512 x, __m512 mv, __m512 log2e,
+                                                          __m512 ninf, __m512 lo)
+{
+    const __m512 y = _mm512_mul_ps(_mm512_sub_ps(x, mv), log2e);
+    const __mmask16 slow = _mm512_cmp_ps_mask(y, lo, _CMP_NGE_UQ);
+    __mmask16 live;
+    if (!slow) /* (then no x is -inf) */
+        return exp2_normal_avx512(y);
+    live = _mm512_cmp_ps_mask(x, ninf, _CMP_NEQ_UQ);
+    return _mm512_maskz_mov_ps(live, (slow & live) ? exp2_nonpos_avx512(y)
+                                                   : exp2_normal_avx512(y));
+}
+
 /* The tile softmax step (see the portable versions in kernels.inc), sixteen
  * lanes at a time: the same exponentials element for element as the AVX2
  * variant's, summed in sixteen lanes (a fixed order of this variant's own). */
@@ -217,10 +235,8 @@ static FA_TARGET float tile_max_avx512(const float *s, int64_t nc, float m)
     return r > m ? r : m;
 }
 
-/* s[0..nc) -> exp(s - m) in place (exactly 0 for -inf) and their sum (the
- * sixteen lanes' sums added). Sixteen lanes whose arguments are -inf or at
- * least -124 (a normal result; not NaN) take exp2_normal_avx512 (the same
- * bits), other registers exp2_nonpos_avx512. */
+/* s[0..nc) -> exp(s - m) in place (exp2_masked_avx512; exactly 0 for -inf)
+ * and their sum (the sixteen lanes' sums added). */
 static FA_TARGET double tile_exp_avx512(float *s, int64_t nc, float m)
 {
     const __m512 mv = _mm512_set1_ps(m), log2e = _mm512_set1_ps(FA_LOG2E);
@@ -228,12 +244,7 @@ static FA_TARGET double tile_exp_avx512(float *s, int64_t nc, float m)
     __m512 sum = _mm512_setzero_ps();
     int64_t jj;
     for (jj = 0; jj < nc; jj += 16) {
-        const __m512 x = _mm512_loadu_ps(s + jj);
-        const __m512 y = _mm512_mul_ps(_mm512_sub_ps(x, mv), log2e);
-        const __mmask16 live = _mm512_cmp_ps_mask(x, ninf, _CMP_NEQ_UQ);
-        const __mmask16 slow = live & _mm512_cmp_ps_mask(y, lo, _CMP_NGE_UQ);
-        const __m512 p = _mm512_maskz_mov_ps(live, slow ? exp2_nonpos_avx512(y)
-                                                        : exp2_normal_avx512(y));
+        const __m512 p = exp2_masked_avx512(_mm512_loadu_ps(s + jj), mv, log2e, ninf, lo);
         _mm512_storeu_ps(s + jj, p);
         sum = _mm512_add_ps(sum, p);
     }
@@ -259,89 +270,143 @@ static FA_TARGET double tile_exp_avx512(float *s, int64_t nc, float m)
 #define FA_QT_ROWS 32
 typedef char fa_avx512_qt_keys[FA_BK == 64 ? 1 : -1];
 
-/* pt[j * ldp + r] = scale (q_r . k_j) for the tile's first nc keys (a
- * multiple of 16; k: row j at
- * k + j rs) and the rows r < nrt (a multiple of 32), -inf for a key outside
- * the row's [first[r], last[r]) where bounded (first, last: int32 offsets
- * within the tile); with ALiBi, minus slope[r] |base[r] - j| (scale_pass's
- * operations: the product rounded, then the difference); mnew[r] = the larger of the row's largest score and
- * mold[r]. 0 if an mnew is NaN or +inf (a NaN or infinite score or running
- * maximum: the tile is then redone on the general path); NaN scores that the
- * maximum leaves out show in the sums (qt_exp). */
-static FA_ALWAYS_INLINE FA_TARGET int qt_scores_body_avx512(
-    const float *qt, int64_t nrt, int64_t D, const float *k, int64_t rs, float scale,
+/* Rows p .. p + 16 nb - 1 (nb = 2 or 3 sixteen-row blocks of qt: 16 or 24
+ * accumulators over eight keys) of qt_scores_body_avx512; the bits of each
+ * score do not depend on nb. Returns the lanes whose new maximum is NaN or
+ * +inf. */
+static FA_ALWAYS_INLINE FA_TARGET __mmask16 qt_rows_avx512(
+    const float *qt, int64_t p, const int nb, int64_t D, const float *k, int64_t rs, float scale,
     const float *mold, float *pt, int64_t ldp, float *mnew, const int bounded, const int32_t *first,
     const int32_t *last, const int alibi, const float *slope, const float *base, int64_t nc)
 {
     const __m512 sv = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY),
                  pinf = _mm512_set1_ps(INFINITY);
     const __m512i absmask = _mm512_set1_epi32(0x7FFFFFFF);
-    __mmask16 bad = 0;
-    int64_t p, g, d;
-    for (p = 0; p < nrt; p += 32) { /* rows p .. p + 31: two blocks of sixteen */
-        const float *q0 = qt + p * D, *q1 = q0 + 16 * D;
-        __m512 mx0 = ninf, mx1 = ninf;
-        __m512i f0 = _mm512_setzero_si512(), f1 = f0, w0 = f0, w1 = f0;
-        __m512 sl0 = _mm512_setzero_ps(), sl1 = sl0, bs0 = sl0, bs1 = sl0;
-        if (alibi) {
-            sl0 = _mm512_loadu_ps(slope + p);
-            sl1 = _mm512_loadu_ps(slope + p + 16);
-            bs0 = _mm512_loadu_ps(base + p);
-            bs1 = _mm512_loadu_ps(base + p + 16);
+    const float *q0 = qt + p * D, *q1 = q0 + 16 * D, *q2 = q1 + 16 * D;
+    __m512 mx0 = ninf, mx1 = ninf, mx2 = ninf;
+    __m512i f0 = _mm512_setzero_si512(), f1 = f0, f2 = f0, w0 = f0, w1 = f0, w2 = f0;
+    __m512 sl0 = _mm512_setzero_ps(), sl1 = sl0, sl2 = sl0, bs0 = sl0, bs1 = sl0, bs2 = sl0;
+    __mmask16 bad;
+    int64_t g, d;
+    if (alibi) {
+        sl0 = _mm512_loadu_ps(slope + p);
+        sl1 = _mm512_loadu_ps(slope + p + 16);
+        bs0 = _mm512_loadu_ps(base + p);
+        bs1 = _mm512_loadu_ps(base + p + 16);
+        if (nb > 2) {
+            sl2 = _mm512_loadu_ps(slope + p + 32);
+            bs2 = _mm512_loadu_ps(base + p + 32);
         }
-        if (bounded) { /* key kk allowed: kk - first < last - first, unsigned */
-            f0 = _mm512_loadu_si512(first + p);
-            f1 = _mm512_loadu_si512(first + p + 16);
-            w0 = _mm512_max_epi32(_mm512_sub_epi32(_mm512_loadu_si512(last + p), f0), w0);
-            w1 = _mm512_max_epi32(_mm512_sub_epi32(_mm512_loadu_si512(last + p + 16), f1), w1);
+    }
+    if (bounded) { /* key kk allowed: kk - first < last - first, unsigned */
+        f0 = _mm512_loadu_si512(first + p);
+        f1 = _mm512_loadu_si512(first + p + 16);
+        w0 = _mm512_max_epi32(_mm512_sub_epi32(_mm512_loadu_si512(last + p), f0), w0);
+        w1 = _mm512_max_epi32(_mm512_sub_epi32(_mm512_loadu_si512(last + p + 16), f1), w1);
+        if (nb > 2) {
+            f2 = _mm512_loadu_si512(first + p + 32);
+            w2 = _mm512_max_epi32(_mm512_sub_epi32(_mm512_loadu_si512(last + p + 32), f2), w2);
         }
-        for (g = 0; g < nc; g += 8) { /* keys g .. g + 7 */
-            const float *kg = k + g * rs;
-#define FA_DECL(j) __m512 a##j = _mm512_setzero_ps(), b##j = _mm512_setzero_ps();
+    }
+    for (g = 0; g < nc; g += 8) { /* keys g .. g + 7 */
+        const float *kg = k + g * rs;
+#ifdef PF1
+        if (g + 8 < nc) {
+            int jj; int64_t dd;
+            for (jj = 0; jj < 8; jj++)
+                for (dd = 0; dd < D; dd += 16)
+                    __builtin_prefetch(kg + (8 + jj) * rs + dd, 0, 3);
+        }
+#endif
+#define FA_DECL(j) __m512 a##j = _mm512_setzero_ps(), b##j = a##j, c##j = a##j;
 #define FA_STEP(j)                                                                             \
     {                                                                                          \
         const __m512 kv = _mm512_set1_ps(kg[(j) * rs + d]);                                    \
         a##j = _mm512_fmadd_ps(x0, kv, a##j);                                                  \
         b##j = _mm512_fmadd_ps(x1, kv, b##j);                                                  \
+        if (nb > 2)                                                                            \
+            c##j = _mm512_fmadd_ps(x2, kv, c##j);                                              \
+    }
+#define FA_FIX(j, s, sl, bs, f, w)                                                                \
+    {                                                                                          \
+        if (alibi) { /* |base - j|: exact below 2**24 */                                       \
+            const __m512 jv = _mm512_set1_ps((float)(g + (j)));                                \
+            s = _mm512_sub_ps(s, _mm512_mul_ps(sl, _mm512_castsi512_ps(_mm512_and_si512(         \
+                                 _mm512_castps_si512(_mm512_sub_ps(bs, jv)), absmask))));      \
+        }                                                                                      \
+        if (bounded) {                                                                         \
+            const __m512i kk = _mm512_set1_epi32((int)g + (j));                                \
+            s = _mm512_mask_mov_ps(ninf, _mm512_cmplt_epu32_mask(_mm512_sub_epi32(kk, f), w), s); \
+        }                                                                                      \
     }
 #define FA_STORE(j)                                                                            \
     {                                                                                          \
         __m512 s0 = _mm512_mul_ps(a##j, sv), s1 = _mm512_mul_ps(b##j, sv);                     \
-        if (alibi) { /* |base - j|: exact below 2**24 */                                       \
-            const __m512 jv = _mm512_set1_ps((float)(g + (j)));                                \
-            s0 = _mm512_sub_ps(s0, _mm512_mul_ps(sl0, _mm512_castsi512_ps(_mm512_and_si512(     \
-                                   _mm512_castps_si512(_mm512_sub_ps(bs0, jv)), absmask))));   \
-            s1 = _mm512_sub_ps(s1, _mm512_mul_ps(sl1, _mm512_castsi512_ps(_mm512_and_si512(     \
-                                   _mm512_castps_si512(_mm512_sub_ps(bs1, jv)), absmask))));   \
-        }                                                                                      \
-        if (bounded) {                                                                         \
-            const __m512i kk = _mm512_set1_epi32((int)g + (j));                                \
-            s0 = _mm512_mask_mov_ps(ninf, _mm512_cmplt_epu32_mask(_mm512_sub_epi32(kk, f0), w0), s0); \
-            s1 = _mm512_mask_mov_ps(ninf, _mm512_cmplt_epu32_mask(_mm512_sub_epi32(kk, f1), w1), s1); \
-        }                                                                                      \
+        FA_FIX(j, s0, sl0, bs0, f0, w0)                                                           \
+        FA_FIX(j, s1, sl1, bs1, f1, w1)                                                           \
         _mm512_storeu_ps(pt + (g + (j)) * ldp + p, s0);                                        \
         _mm512_storeu_ps(pt + (g + (j)) * ldp + p + 16, s1);                                   \
         mx0 = _mm512_max_ps(s0, mx0);                                                          \
         mx1 = _mm512_max_ps(s1, mx1);                                                          \
+        if (nb > 2) {                                                                          \
+            __m512 s2 = _mm512_mul_ps(c##j, sv);                                               \
+            FA_FIX(j, s2, sl2, bs2, f2, w2)                                                       \
+            _mm512_storeu_ps(pt + (g + (j)) * ldp + p + 32, s2);                               \
+            mx2 = _mm512_max_ps(s2, mx2);                                                      \
+        }                                                                                      \
     }
 #define FA_KEYS8(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
-            FA_KEYS8(FA_DECL)
-            for (d = 0; d < D; d++) {
-                const __m512 x0 = _mm512_loadu_ps(q0 + 16 * d), x1 = _mm512_loadu_ps(q1 + 16 * d);
-                FA_KEYS8(FA_STEP)
-            }
-            FA_KEYS8(FA_STORE)
+        FA_KEYS8(FA_DECL)
+        for (d = 0; d < D; d++) {
+            const __m512 x0 = _mm512_loadu_ps(q0 + 16 * d), x1 = _mm512_loadu_ps(q1 + 16 * d);
+            const __m512 x2 = nb > 2 ? _mm512_loadu_ps(q2 + 16 * d) : x1;
+            FA_KEYS8(FA_STEP)
+        }
+        FA_KEYS8(FA_STORE)
 #undef FA_DECL
 #undef FA_STEP
+#undef FA_FIX
 #undef FA_STORE
 #undef FA_KEYS8
-        }
-        /* tile_max's `r > m ? r : m` lane by lane (a NaN m stays: rejected) */
-        mx0 = _mm512_max_ps(mx0, _mm512_loadu_ps(mold + p));
-        mx1 = _mm512_max_ps(mx1, _mm512_loadu_ps(mold + p + 16));
-        bad |= _mm512_cmp_ps_mask(mx0, pinf, _CMP_NLT_UQ) | _mm512_cmp_ps_mask(mx1, pinf, _CMP_NLT_UQ);
-        _mm512_storeu_ps(mnew + p, mx0);
-        _mm512_storeu_ps(mnew + p + 16, mx1);
+    }
+    /* tile_max's `r > m ? r : m` lane by lane (a NaN m stays: rejected) */
+    mx0 = _mm512_max_ps(mx0, _mm512_loadu_ps(mold + p));
+    mx1 = _mm512_max_ps(mx1, _mm512_loadu_ps(mold + p + 16));
+    bad = _mm512_cmp_ps_mask(mx0, pinf, _CMP_NLT_UQ) | _mm512_cmp_ps_mask(mx1, pinf, _CMP_NLT_UQ);
+    _mm512_storeu_ps(mnew + p, mx0);
+    _mm512_storeu_ps(mnew + p + 16, mx1);
+    if (nb > 2) {
+        mx2 = _mm512_max_ps(mx2, _mm512_loadu_ps(mold + p + 32));
+        bad |= _mm512_cmp_ps_mask(mx2, pinf, _CMP_NLT_UQ);
+        _mm512_storeu_ps(mnew + p + 32, mx2);
+    }
+    return bad;
+}
+
+/* pt[j * ldp + r] = scale (q_r . k_j) for the tile's first nc keys (a
+ * multiple of 16; k: row j at k + j rs) and the rows r < nrt (a multiple of
+ * 32), -inf for a key outside the row's [first[r], last[r]) where bounded
+ * (first, last: int32 offsets within the tile); with ALiBi, minus slope[r]
+ * |base[r] - j| (scale_pass's operations: the product rounded, then the
+ * difference); mnew[r] = the larger of the row's largest score and mold[r].
+ * 0 if an mnew is NaN or +inf (a NaN or infinite score or running maximum:
+ * the tile is then redone on the general path); NaN scores that the maximum
+ * leaves out show in the sums (qt_exp). Rows go 48 at a time where the rest
+ * divides by 48, else 32 (96 = 48 + 48, 64 = 32 + 32). */
+static FA_ALWAYS_INLINE FA_TARGET int qt_scores_body_avx512(
+    const float *qt, int64_t nrt, int64_t D, const float *k, int64_t rs, float scale,
+    const float *mold, float *pt, int64_t ldp, float *mnew, const int bounded, const int32_t *first,
+    const int32_t *last, const int alibi, const float *slope, const float *base, int64_t nc)
+{
+    __mmask16 bad = 0;
+    int64_t p = 0;
+    while (p < nrt) {
+        const int nb = (nrt - p) % 48 == 0 ? 3 : 2;
+        bad |= nb == 3 ? qt_rows_avx512(qt, p, 3, D, k, rs, scale, mold, pt, ldp, mnew, bounded,
+                                        first, last, alibi, slope, base, nc)
+                       : qt_rows_avx512(qt, p, 2, D, k, rs, scale, mold, pt, ldp, mnew, bounded,
+                                        first, last, alibi, slope, base, nc);
+        p += 16 * nb;
     }
     return !bad;
 }
@@ -373,12 +438,7 @@ static FA_ALWAYS_INLINE FA_TARGET __m512 qt_part_avx512(float *p, int64_t ldp, i
     int i;
     for (i = 0; i < n; i++) {
         float *s = p + (int64_t)(c + 16 * i) * ldp;
-        const __m512 x = _mm512_loadu_ps(s);
-        const __m512 y = _mm512_mul_ps(_mm512_sub_ps(x, mv), log2e);
-        const __mmask16 live = _mm512_cmp_ps_mask(x, ninf, _CMP_NEQ_UQ);
-        const __mmask16 slow = live & _mm512_cmp_ps_mask(y, lo, _CMP_NGE_UQ);
-        const __m512 e = _mm512_maskz_mov_ps(live, slow ? exp2_nonpos_avx512(y)
-                                                        : exp2_normal_avx512(y));
+        const __m512 e = exp2_masked_avx512(_mm512_loadu_ps(s), mv, log2e, ninf, lo);
         _mm512_storeu_ps(s, e);
         sum = _mm512_add_ps(sum, e);
     }

@@ -192,6 +192,26 @@ def test_query_row_alone_equals_row_in_larger_call(rng, threads, mask_kind):
         assert_same_bits(lse, full_lse[..., i:i + 1])
 
 
+@pytest.mark.parametrize("padding", [False, True], ids=["no-mask", "key-padding"])
+def test_rows_of_long_full_attention_keep_their_bits_in_wider_units(rng, threads, padding):
+    # Full attention whose k and v rows (S (D + Dv) floats a head) take more
+    # than half of a core's level-2 cache runs in units of 192 query rows
+    # rather than 96 where that still leaves 8 units a thread (2 heads of
+    # 1536 rows: 16 units). Each row keeps the bits it has in a short call
+    # (units of at most 96 rows), on 1 or 2 threads.
+    D = 16
+    S = _core.l2_cache_bytes() // (2 * 2 * D * 4) + 64
+    if S > 65536:
+        pytest.skip("a level-2 cache this large needs a longer call than this test makes")
+    q, k, v = qkv(rng, (1, 2, 1536, D), (1, 2, S, D), (1, 2, S, D))
+    mask = (np.arange(S) < S - 100)[None, None, None, :] if padding else None
+    want = np.concatenate([sdpa(q[:, :, i:i + 64], k, v, mask) for i in range(0, 1536, 64)],
+                          axis=2)
+    for n in (1, 2):
+        threads(n)
+        assert_same_bits(sdpa(q, k, v, mask), want)
+
+
 @pytest.mark.parametrize("kw", [{"is_causal": True}, {"window": (20, 0)}, {"is_causal": True, "window": (5, 3)}],
                          ids=str)
 def test_last_query_alone_equals_last_row_with_causal_or_window(rng, kw):

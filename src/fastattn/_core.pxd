@@ -67,6 +67,7 @@ cdef extern from "fastattn.h" nogil:
     int fa_omp_max_threads()
     const char *fa_compiler()
     const char *fa_simd_kernel()
+    int64_t fa_l2_cache_bytes()
     int fa_merge_f32(const float *const *outs, const float *const *lses, int64_t P,
                      int64_t nrows, int64_t Dv, float *o, float *lse, int nthreads)
     double fa_fma_peak_gflops(int lanes, int nthreads, long iters)

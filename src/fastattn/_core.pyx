@@ -631,6 +631,12 @@ def omp_max_threads():
     return fa_omp_max_threads()
 
 
+def l2_cache_bytes():
+    """A core's level-2 cache in bytes as the work units are planned for it
+    (sysconf; 1 MiB where it does not say)."""
+    return fa_l2_cache_bytes()
+
+
 def build_info():
     """Facts about the compiled core, for show_config()."""
     return {
