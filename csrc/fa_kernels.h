@@ -26,8 +26,9 @@
 /* Query rows per attention work unit (multiples of every MR and of the
  * rows-as-lanes kernels' FA_QT_ROWS): FA_BQ_IN_PLACE where a unit reads its
  * value tiles in place, FA_BQ (the most, the scratch's rows) where it copies
- * each of them (fa_v_in_place in fa_internal.h; attention.c's
- * unit_geometry). */
+ * each of them (fa_v_in_place in fa_internal.h) or where full rows read k
+ * and v that overflow half of the level-2 cache (attention.c's wide_units
+ * and unit_geometry). */
 #define FA_BQ 192
 #define FA_BQ_IN_PLACE 96
 #define FA_BK 64 /* keys per tile */

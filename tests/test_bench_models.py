@@ -91,10 +91,10 @@ def test_loop_ceiling_tool_builds_and_runs(tmp_path, variant):
     flags = ["-DCEILING_AVX2"] if variant == "avx2" else []
     subprocess.run([gcc, "-O2", "-fopenmp", "-std=gnu11", "-I", str(root / "csrc"), *flags,
                     str(src), "-o", str(exe), "-lm"], check=True)
-    out = subprocess.run([str(exe), "32", "20"], check=True, capture_output=True,
+    out = subprocess.run([str(exe), "32", "20", "3"], check=True, capture_output=True,
                          text=True).stdout
     assert "lacks" in out or ("of the peak (the ceiling of these loops)" in out
-                              and "D = 32" in out), out
+                              and "D = 32" in out and "a walk of 3 tiles" in out), out
     bad = subprocess.run([str(exe), "20"], capture_output=True, text=True)
     assert bad.returncode == 2 and "multiple of 16" in bad.stderr
 

@@ -9,8 +9,13 @@
  * fraction those loops allow the call. (The README's tenth round quotes it
  * against the goal of 72 % for L=S=4096 D=128.)
  *
+ * With TILES, also one unit's walk over TILES different key and value
+ * tiles (k and v of TILES * 64 rows each, rows D floats apart, as in a
+ * contiguous (B, H, S, D) head): the three loops a tile, so that the walk
+ * reads k and v from wherever they fit (the level-2 cache, or beyond it).
+ *
  *   gcc -O2 -fopenmp -std=gnu11 -Icsrc tools/loop_ceiling.c -o /tmp/loop_ceiling -lm
- *   /tmp/loop_ceiling [D [REPS]]   (the AVX-512 kernels; -DCEILING_AVX2: AVX2)
+ *   /tmp/loop_ceiling [D [REPS [TILES]]]   (the AVX-512 kernels; -DCEILING_AVX2: AVX2)
  *
  * A measuring tool only: not part of the package build.
  */
@@ -96,16 +101,67 @@ static FA_TARGET void time_loops(int64_t D, long reps, double t[3])
     free(sum);
 }
 
+/* Seconds per tile of one unit's walk over `tiles` key and value tiles
+ * (scores, softmax, P.V each tile), best of 5 walks. */
+static FA_TARGET double time_walk(int64_t D, int64_t tiles)
+{
+    const int64_t rows = tiles * FA_BK;
+    float *qt = buffer(ROWS * D), *k = buffer(rows * D), *v = buffer(rows * D);
+    float *pt = buffer(ROWS * FA_BK), *acc = buffer(ROWS * D);
+    float *m = buffer(ROWS), *mnew = buffer(ROWS), *alpha = buffer(ROWS), *sum = buffer(ROWS);
+    volatile int sink = 0;
+    double best = 1e30;
+    int64_t i, t;
+    int run;
+    for (i = 0; i < ROWS * D; i++)
+        qt[i] = (float)(i % 7) * 0.01f;
+    for (i = 0; i < rows * D; i++) {
+        k[i] = (float)(i % 5) * 0.01f;
+        v[i] = (float)(i % 3) * 0.1f;
+    }
+    for (i = 0; i < ROWS * D; i++)
+        acc[i] = 0.0f;
+    for (i = 0; i < ROWS; i++) {
+        m[i] = 1.0f; /* (every weight a normal number, as in a real walk) */
+        alpha[i] = 1.0f;
+    }
+    for (run = 0; run < 5; run++) {
+        const double t0 = fa_now();
+        double dt;
+        for (t = 0; t < tiles; t++) {
+            const float *kt = k + t * FA_BK * D, *vt = v + t * FA_BK * D;
+            sink += CEIL(qt_scores)(qt, ROWS, D, kt, D, 0.1f, m, pt, ROWS, mnew, NULL, NULL, NULL,
+                                    NULL, FA_BK);
+            sink += CEIL(qt_exp)(pt, ROWS, ROWS, m, sum, FA_BK);
+            CEIL(gemm)(pt, 1, ROWS, 1, vt, D, ROWS, D, FA_BK, acc, D, alpha, 1.0f);
+        }
+        dt = (fa_now() - t0) / (double)tiles;
+        best = dt < best ? dt : best;
+    }
+    (void)sink;
+    free(qt);
+    free(k);
+    free(v);
+    free(pt);
+    free(acc);
+    free(m);
+    free(mnew);
+    free(alpha);
+    free(sum);
+    return best;
+}
+
 int main(int argc, char **argv)
 {
     const int64_t D = argc > 1 ? atoi(argv[1]) : 128;
     const long reps = argc > 2 ? atol(argv[2]) : 20000;
+    const int64_t tiles = argc > 3 ? atol(argv[3]) : 0;
     const long peak_iters = reps < 20000 ? 5000 * reps : 100000000;
     const double flops = 2.0 * ROWS * FA_BK * (double)D; /* one product */
     double t[3], peak = 0.0, g;
     int rep;
-    if (D < 16 || D % 16 != 0 || reps < 1) {
-        fprintf(stderr, "D: a multiple of 16, at least 16; REPS: at least 1\n");
+    if (D < 16 || D % 16 != 0 || reps < 1 || tiles < 0 || tiles > 4096) {
+        fprintf(stderr, "D: a multiple of 16, at least 16; REPS: at least 1; TILES: 0 to 4096\n");
         return 2;
     }
     if (!CEIL_CPU) {
@@ -129,5 +185,12 @@ int main(int argc, char **argv)
     g = 2.0 * flops / (t[0] + t[1] + t[2]) / 1e9;
     printf("the three, a tile: %7.1f GFLOP/s = %3.0f %% of the peak (the ceiling of these loops)\n",
            g, 100.0 * g / peak);
+    if (tiles > 0) {
+        const double tw = time_walk(D, tiles);
+        g = 2.0 * flops / tw / 1e9;
+        printf("a walk of %d tiles (k and v: %.2f MiB): %.2f us a tile, %7.1f GFLOP/s = %3.0f %% "
+               "of the peak\n", (int)tiles, 2.0 * tiles * FA_BK * D * 4 / 1048576.0, tw * 1e6, g,
+               100.0 * g / peak);
+    }
     return 0;
 }

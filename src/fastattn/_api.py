@@ -1054,7 +1054,9 @@ def varlen_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: Arr
     with ``enable_gqa=True``): a row's arithmetic depends only on its own
     sequence. The work units (up to 96 query rows of one head, or of the
     heads of a GQA group; up to 192 where each value tile is copied, as for
-    float16 values or value rows a multiple of 1 KiB apart) of all sequences
+    float16 values or value rows a multiple of 1 KiB apart, or where a full
+    (non-causal) sequence's k and v overflow half of a core's level-2
+    cache) of all sequences
     are handed to the threads from one pool, the biggest first, so the
     threads stay busy when one sequence is much longer than the others. The
     score rules, non-finite values and sinks are those of
