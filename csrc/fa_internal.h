@@ -15,6 +15,9 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -233,6 +236,39 @@ static inline void fa_prefetch(const void *p, int64_t off)
 #else
     (void)p;
     (void)off;
+#endif
+}
+
+/* Output rows that lie apart in memory (a packed (T, H, Dv) batch) are
+ * written without fetching their cache lines first: non-temporal stores of
+ * four floats where the CPU has them (SSE2; dst 16-byte aligned, n a
+ * multiple of 4: fa_can_stream), and fa_stream_fence once the rows are
+ * written, so that they are seen before the threads' join. Elsewhere
+ * fa_can_stream is 0 and the rows are stored as usual. */
+static inline int fa_can_stream(const float *dst, int64_t n)
+{
+#if defined(__SSE2__)
+    return n % 4 == 0 && ((uintptr_t)dst & 15) == 0;
+#else
+    (void)dst;
+    (void)n;
+    return 0;
+#endif
+}
+
+static inline void fa_stream4(float *dst, const float *src)
+{
+#if defined(__SSE2__)
+    _mm_stream_ps(dst, _mm_loadu_ps(src));
+#else
+    memcpy(dst, src, 4 * sizeof(float));
+#endif
+}
+
+static inline void fa_stream_fence(void)
+{
+#if defined(__SSE2__)
+    _mm_sfence();
 #endif
 }
 

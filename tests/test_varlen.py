@@ -119,6 +119,32 @@ def test_empty_batches():
     assert o.shape == (3, 2, 0)
 
 
+@pytest.mark.parametrize("Dv", [4, 32, 130])
+@pytest.mark.parametrize("shift", [0, 1], ids=["out-16-byte-aligned", "out-4-bytes-past"])
+def test_output_rows_stored_past_the_cache_keep_their_bits(simd, rng, threads, Dv, shift):
+    # Packed output rows whose length is a multiple of 4 floats and that
+    # start 16-byte aligned are stored without fetching their lines
+    # (non-temporal stores on x86); others (Dv = 130, an out= 4 bytes past
+    # such an address) as usual. Either way each row is the bits of the
+    # separate call on its sequence, with and without sinks, on 1-3 threads.
+    q, k, v, cu_q, cu_k = packed(rng, [5, 130, 64, 1], [9, 130, 200, 1], Dv=Dv)
+    want, want_lse = per_sequence(q, k, v, cu_q, cu_k, is_causal=True)
+    buf = np.empty(q.shape[0] * 4 * Dv + 8, np.float32)
+    start = (-buf.ctypes.data % 16) // 4 + shift
+    out = buf[start:start + q.shape[0] * 4 * Dv].reshape(q.shape[0], 4, Dv)
+    assert (out.ctypes.data % 16 == 0) == (shift == 0)
+    for n in (1, 2, 3):
+        threads(n)
+        got, lse = fastattn.varlen_attention(q, k, v, cu_q, cu_k, is_causal=True,
+                                             return_lse=True, out=out)
+        assert got is out
+        assert_same_bits(got, want)
+        assert_same_bits(lse, want_lse)
+    sinks = np.linspace(-1, 1, 4, dtype=np.float32)
+    want = per_sequence(q, k, v, cu_q, cu_k, sinks=sinks)[0]
+    assert_same_bits(fastattn.varlen_attention(q, k, v, cu_q, cu_k, sinks=sinks), want)
+
+
 def test_one_long_sequence_among_short_ones_uses_the_threads_with_the_same_bits(rng, threads):
     q, k, v, cu_q, cu_k = packed(rng, [2000, 16, 16, 16, 16], [2000, 16, 16, 16, 16], D=32,
                                  Dv=32)
