@@ -48,28 +48,61 @@ static void *buffer(size_t floats)
     return p;
 }
 
+/* One unit's buffers: its rows' packed queries, `keys` key and value rows of
+ * D floats, the score tile, the accumulators and the rows' statistics. */
+typedef struct {
+    float *qt, *k, *v, *pt, *acc, *m, *mnew, *alpha, *sum;
+} unit_buffers;
+
+/* The buffers with their fixed contents; every row's running maximum m0. */
+static unit_buffers buffers_make(int64_t D, int64_t keys, float m0)
+{
+    unit_buffers b;
+    int64_t i;
+    b.qt = buffer(ROWS * D);
+    b.k = buffer(keys * D);
+    b.v = buffer(keys * D);
+    b.pt = buffer(ROWS * FA_BK);
+    b.acc = buffer(ROWS * D);
+    b.m = buffer(ROWS);
+    b.mnew = buffer(ROWS);
+    b.alpha = buffer(ROWS);
+    b.sum = buffer(ROWS);
+    for (i = 0; i < ROWS * D; i++) {
+        b.qt[i] = (float)(i % 7) * 0.01f;
+        b.acc[i] = 0.0f;
+    }
+    for (i = 0; i < keys * D; i++) {
+        b.k[i] = (float)(i % 5) * 0.01f;
+        b.v[i] = (float)(i % 3) * 0.1f;
+    }
+    for (i = 0; i < ROWS; i++) {
+        b.m[i] = m0;
+        b.alpha[i] = 1.0f;
+    }
+    return b;
+}
+
+static void buffers_free(unit_buffers *b)
+{
+    free(b->qt);
+    free(b->k);
+    free(b->v);
+    free(b->pt);
+    free(b->acc);
+    free(b->m);
+    free(b->mnew);
+    free(b->alpha);
+    free(b->sum);
+}
+
 /* Seconds per call of each loop, best of 5 runs of reps calls. */
 static FA_TARGET void time_loops(int64_t D, long reps, double t[3])
 {
-    const int64_t Dv = D, nk = FA_BK;
-    float *qt = buffer(ROWS * D), *k = buffer(nk * D), *v = buffer(nk * Dv);
-    float *pt = buffer(ROWS * nk), *acc = buffer(ROWS * Dv);
-    float *mold = buffer(ROWS), *mnew = buffer(ROWS), *alpha = buffer(ROWS), *sum = buffer(ROWS);
+    const int64_t nk = FA_BK;
+    unit_buffers b = buffers_make(D, nk, -INFINITY);
     volatile int sink = 0;
-    int64_t i;
     int run, which;
-    for (i = 0; i < ROWS * D; i++)
-        qt[i] = (float)(i % 7) * 0.01f;
-    for (i = 0; i < nk * D; i++)
-        k[i] = (float)(i % 5) * 0.01f;
-    for (i = 0; i < nk * Dv; i++)
-        v[i] = (float)(i % 3) * 0.1f;
-    for (i = 0; i < ROWS * Dv; i++)
-        acc[i] = 0.0f;
-    for (i = 0; i < ROWS; i++) {
-        mold[i] = -INFINITY;
-        alpha[i] = 1.0f;
-    }
     for (which = 0; which < 3; which++) {
         t[which] = 1e30;
         for (run = 0; run < 5; run++) {
@@ -78,76 +111,47 @@ static FA_TARGET void time_loops(int64_t D, long reps, double t[3])
             long r;
             for (r = 0; r < reps; r++) {
                 if (which == 0)
-                    sink += CEIL(qt_scores)(qt, ROWS, D, k, D, 0.1f, mold, pt, ROWS, mnew, NULL,
-                                            NULL, NULL, NULL, nk);
+                    sink += CEIL(qt_scores)(b.qt, ROWS, D, b.k, D, 0.1f, b.m, b.pt, ROWS, b.mnew,
+                                            NULL, NULL, NULL, NULL, nk);
                 else if (which == 1) /* (the scores it leaves are the next call's input) */
-                    sink += CEIL(qt_exp)(pt, ROWS, ROWS, mnew, sum, nk);
+                    sink += CEIL(qt_exp)(b.pt, ROWS, ROWS, b.mnew, b.sum, nk);
                 else
-                    CEIL(gemm)(pt, 1, ROWS, 1, v, Dv, ROWS, Dv, nk, acc, Dv, alpha, 1.0f);
+                    CEIL(gemm)(b.pt, 1, ROWS, 1, b.v, D, ROWS, D, nk, b.acc, D, b.alpha, 1.0f);
             }
             dt = (fa_now() - t0) / (double)reps;
             t[which] = dt < t[which] ? dt : t[which];
         }
     }
     (void)sink;
-    free(qt);
-    free(k);
-    free(v);
-    free(pt);
-    free(acc);
-    free(mold);
-    free(mnew);
-    free(alpha);
-    free(sum);
+    buffers_free(&b);
 }
 
 /* Seconds per tile of one unit's walk over `tiles` key and value tiles
- * (scores, softmax, P.V each tile), best of 5 walks. */
+ * (scores, softmax, P.V each tile), best of 5 walks. Every row's maximum is
+ * 1, above its scores, so that every weight is a normal number, as in a
+ * real walk. */
 static FA_TARGET double time_walk(int64_t D, int64_t tiles)
 {
-    const int64_t rows = tiles * FA_BK;
-    float *qt = buffer(ROWS * D), *k = buffer(rows * D), *v = buffer(rows * D);
-    float *pt = buffer(ROWS * FA_BK), *acc = buffer(ROWS * D);
-    float *m = buffer(ROWS), *mnew = buffer(ROWS), *alpha = buffer(ROWS), *sum = buffer(ROWS);
+    unit_buffers b = buffers_make(D, tiles * FA_BK, 1.0f);
     volatile int sink = 0;
     double best = 1e30;
-    int64_t i, t;
+    int64_t t;
     int run;
-    for (i = 0; i < ROWS * D; i++)
-        qt[i] = (float)(i % 7) * 0.01f;
-    for (i = 0; i < rows * D; i++) {
-        k[i] = (float)(i % 5) * 0.01f;
-        v[i] = (float)(i % 3) * 0.1f;
-    }
-    for (i = 0; i < ROWS * D; i++)
-        acc[i] = 0.0f;
-    for (i = 0; i < ROWS; i++) {
-        m[i] = 1.0f; /* (every weight a normal number, as in a real walk) */
-        alpha[i] = 1.0f;
-    }
     for (run = 0; run < 5; run++) {
         const double t0 = fa_now();
         double dt;
         for (t = 0; t < tiles; t++) {
-            const float *kt = k + t * FA_BK * D, *vt = v + t * FA_BK * D;
-            sink += CEIL(qt_scores)(qt, ROWS, D, kt, D, 0.1f, m, pt, ROWS, mnew, NULL, NULL, NULL,
-                                    NULL, FA_BK);
-            sink += CEIL(qt_exp)(pt, ROWS, ROWS, m, sum, FA_BK);
-            CEIL(gemm)(pt, 1, ROWS, 1, vt, D, ROWS, D, FA_BK, acc, D, alpha, 1.0f);
+            const float *kt = b.k + t * FA_BK * D, *vt = b.v + t * FA_BK * D;
+            sink += CEIL(qt_scores)(b.qt, ROWS, D, kt, D, 0.1f, b.m, b.pt, ROWS, b.mnew, NULL,
+                                    NULL, NULL, NULL, FA_BK);
+            sink += CEIL(qt_exp)(b.pt, ROWS, ROWS, b.m, b.sum, FA_BK);
+            CEIL(gemm)(b.pt, 1, ROWS, 1, vt, D, ROWS, D, FA_BK, b.acc, D, b.alpha, 1.0f);
         }
         dt = (fa_now() - t0) / (double)tiles;
         best = dt < best ? dt : best;
     }
     (void)sink;
-    free(qt);
-    free(k);
-    free(v);
-    free(pt);
-    free(acc);
-    free(m);
-    free(mnew);
-    free(alpha);
-    free(sum);
+    buffers_free(&b);
     return best;
 }
 
