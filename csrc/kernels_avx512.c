@@ -310,14 +310,6 @@ static FA_ALWAYS_INLINE FA_TARGET __mmask16 qt_rows_avx512(
     }
     for (g = 0; g < nc; g += 8) { /* keys g .. g + 7 */
         const float *kg = k + g * rs;
-#ifdef PF1
-        if (g + 8 < nc) {
-            int jj; int64_t dd;
-            for (jj = 0; jj < 8; jj++)
-                for (dd = 0; dd < D; dd += 16)
-                    __builtin_prefetch(kg + (8 + jj) * rs + dd, 0, 3);
-        }
-#endif
 #define FA_DECL(j) __m512 a##j = _mm512_setzero_ps(), b##j = a##j, c##j = a##j;
 #define FA_STEP(j)                                                                             \
     {                                                                                          \
