@@ -1,11 +1,12 @@
 """The per-call cost paths: the plain call's fast path and the first call.
 
-``_core.sdpa_plain`` serves the common call (C-contiguous float32 ndarrays,
-at most a bool or float32 mask, scale, is_causal, enable_gqa, return_lse) in
-one step, and returns None for anything else, which then takes the general
-path (fastattn._validate + _api._run_attention). It must give the general
-path's bits, and must never raise on its arguments: every error comes from
-the general path, with its messages.
+``_core.sdpa_plain`` serves the common call (float32 ndarrays, k and v also
+float16 or bfloat16, rows in place, at most a bool or float32 mask, scale,
+is_causal, enable_gqa, return_lse) in one step, and returns None for
+anything else, which then takes the general path (fastattn._validate +
+_api._run_attention). It must give the general path's bits, and must never
+raise on its arguments: every error comes from the general path, with its
+messages.
 """
 import subprocess
 import sys
@@ -207,9 +208,37 @@ def test_fast_path_padding_mask_bits_for_every_thread_count(rng, nthreads):
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
-def _misaligned(shape):
-    buf = np.zeros(int(np.prod(shape)) * 4 + 1, np.uint8)
-    arr = np.frombuffer(buf.data, np.float32, int(np.prod(shape)), offset=1).reshape(shape)
+@pytest.mark.parametrize("kdt, vdt", [("float16", "float16"), ("bfloat16", "bfloat16"),
+                                      ("float16", "bfloat16"), ("bfloat16", "float32")])
+def test_fast_path_reads_half_precision_kv_with_the_general_paths_bits(rng, kdt, vdt):
+    # A half-precision KV cache takes the one-step call too (a decode step
+    # with a short cache paid about 20 us of checks for it), read as stored.
+    ml_dtypes = pytest.importorskip("ml_dtypes") if "bfloat16" in (kdt, vdt) else None
+    dtypes = {"float16": np.float16, "float32": np.float32,
+              "bfloat16": ml_dtypes.bfloat16 if ml_dtypes else None}
+    for qs, ks, mask, opts in [
+        ((1, 8, 1, 64), (1, 2, 300, 64), None, {"enable_gqa": True}),
+        ((2, 4, 37, 24), (2, 4, 90, 24), (2, 1, 1, 90), {"is_causal": True, "return_lse": True}),
+        ((2, 3, 9, 16), (2, 3, 70, 16), None, {"window": (20, 0), "scale": 0.3}),
+    ]:
+        q = f32(rng, *qs)
+        k = f32(rng, *ks).astype(dtypes[kdt])
+        v = f32(rng, *ks).astype(dtypes[vdt])
+        m = None if mask is None else rng.random(mask) < 0.8
+        blhd_k = np.ascontiguousarray(k.swapaxes(1, 2)).swapaxes(1, 2)  # (B, S, H, D) viewed
+        for kk in (k, blhd_k):
+            got = plain(q, kk, v, m, **opts)
+            assert got is not None, "half-precision k and v must take the fast path"
+            want = general(q, kk, v, m, **opts)
+            as_f32 = plain(q, k.astype(np.float32), v.astype(np.float32), m, **opts)
+            for g, w, f in zip(*(x if isinstance(x, tuple) else (x,) for x in (got, want, as_f32))):
+                np.testing.assert_array_equal(g.view(np.uint32), w.view(np.uint32))
+                np.testing.assert_array_equal(g.view(np.uint32), f.view(np.uint32))
+
+
+def _misaligned(shape, dtype=np.float32):
+    buf = np.zeros(int(np.prod(shape)) * np.dtype(dtype).itemsize + 1, np.uint8)
+    arr = np.frombuffer(buf.data, dtype, int(np.prod(shape)), offset=1).reshape(shape)
     assert arr.flags.c_contiguous and not arr.flags.aligned
     return arr
 
@@ -219,7 +248,10 @@ def _bypass_cases(rng):
     m = np.ones((4, 4), bool)
     return [
         ("q float64", (q.astype(np.float64), q, q), {}),
-        ("k float16", (q, q.astype(np.float16), q), {}),
+        ("q float16", (q.astype(np.float16), q, q), {}),
+        ("k float64", (q, q.astype(np.float64), q), {}),
+        ("k big-endian float16", (q, q.astype(">f2"), q), {}),
+        ("v float16 misaligned", (q, q, _misaligned(q.shape, np.float16)), {}),
         ("v big-endian", (q, q, q.astype(">f4")), {}),
         ("q's rows not contiguous", (q[..., ::2], q[..., ::2], q), {}),
         ("q with a stride not a whole number of elements",

@@ -2,8 +2,9 @@
 
 Python validates and shapes (fastattn._validate), fastattn._core releases the
 GIL and calls one C entry point, and C works on contiguous float32 buffers.
-The common attention call (float32 ndarrays with contiguous rows, at most a
-bool or float32 mask, an `out=` that is plainly fine) skips the Python checks:
+The common attention call (float32 ndarrays with contiguous rows, k and v
+also float16 or bfloat16, at most a bool or float32 mask, an `out=` that is
+plainly fine) skips the Python checks:
 _core.sdpa_plain takes it in one step, with the same kernel arguments, and
 declines everything else.
 """
@@ -583,8 +584,8 @@ _NEW_KEYWORDS = """softcap : float, optional
 def _sdpa(q, k, v, attn_mask, is_causal, window, scale, softcap, alibi_slopes, sinks,
           segment_ids, enable_gqa, return_lse, out, alibi_shift=0):
     if softcap is None and alibi_slopes is None and sinks is None and segment_ids is None:
-        # The common call (float32 ndarrays with contiguous rows, at most a mask, an
-        # out= it can take) in one step; None when it does not apply (see
+        # The common call (float32 ndarrays with contiguous rows, k and v also
+        # float16 or bfloat16, at most a mask, an out= it can take) in one step; None when it does not apply (see
         # _core.sdpa_plain): the general path then checks everything, out included.
         result = _core.sdpa_plain(q, k, v, attn_mask, is_causal, window, scale, enable_gqa,
                                   return_lse, get_num_threads(), out)

@@ -332,6 +332,36 @@ cdef bint _take(object x, Py_buffer *view, char code, Py_ssize_t itemsize, bint 
     return 0
 
 
+cdef object _uint16 = np.uint16
+cdef object _bfloat16 = None  # ml_dtypes' bfloat16 dtype, once an array of it was seen
+
+
+cdef int _take_kv(object x, Py_buffer *view, int64_t *st) except -2:
+    """Take k or v for sdpa_plain as _take takes q: a numpy.ndarray (no
+    subclass), aligned, rows in place, of native float32, float16 or
+    bfloat16 (ml_dtypes', read as its uint16 bits, as _api._kv_operand
+    passes it). Its dtype code (FA_DTYPE_*) then, the strides in st in
+    elements of that dtype (the caller releases view); else -1, nothing held."""
+    global _bfloat16
+    if type(x) is not _ndarray:
+        return -1
+    c = x.dtype.char
+    if c == 'f':
+        return FA_DTYPE_F32 if _take(x, view, b'f', 4, 0, st) else -1
+    if c == 'e':
+        return FA_DTYPE_F16 if _take(x, view, b'e', 2, 0, st) else -1
+    if c == 'E':
+        d = x.dtype
+        if d is not _bfloat16:
+            from fastattn._validate import is_bfloat16
+            if not (d.isnative and is_bfloat16(d)):
+                return -1
+            _bfloat16 = d
+        if _take(x.view(_uint16), view, b'H', 2, 0, st):
+            return FA_DTYPE_BF16
+    return -1
+
+
 cdef inline bint _is_bool(object x):
     return x is True or x is False
 
@@ -400,8 +430,9 @@ def sdpa_plain(q, k, v, mask, is_causal, window, scale, enable_gqa, return_lse,
                int nthreads, out=None):
     """scaled_dot_product_attention for the common case, or None where it does not apply.
 
-    Applies when q, k and v are aligned, native float32 numpy.ndarrays (no
-    subclass) with their rows in place (any strides a whole number of
+    Applies when q, k and v are aligned numpy.ndarrays (no subclass) of
+    native float32 (k and v also float16 or ml_dtypes' bfloat16, read as
+    stored: a half-precision KV cache) with their rows in place (any strides a whole number of
     elements, the last axis contiguous) and the same number of dimensions
     >= 2, each of k's and v's leading dimensions equal to q's or 1 (with
     enable_gqa: but for the head axis, where q's heads are a multiple of k's
@@ -423,7 +454,7 @@ def sdpa_plain(q, k, v, mask, is_causal, window, scale, enable_gqa, return_lse,
     bits are the same.
     """
     cdef Py_buffer qb, kb, vb, mb, ob, lb
-    cdef int held = 0, status = FA_OK, i, nd, nb, mnd, gqa
+    cdef int held = 0, status = FA_OK, i, nd, nb, mnd, gqa, k_dt, v_dt
     cdef int64_t L, S, D, Dv, nbatch = 1, group = 1, j, r, c, n, qo, ko, vo, mo
     cdef int64_t win_left = -1, win_right = -1
     cdef int64_t qst[64]
@@ -447,10 +478,12 @@ def sdpa_plain(q, k, v, mask, is_causal, window, scale, enable_gqa, return_lse,
         return None
     held = 1
     try:
-        if not _take(k, &kb, b'f', 4, 0, kst):
+        k_dt = _take_kv(k, &kb, kst)
+        if k_dt < 0:
             return None
         held = 2
-        if not _take(v, &vb, b'f', 4, 0, vst):
+        v_dt = _take_kv(v, &vb, vst)
+        if v_dt < 0:
             return None
         held = 3
         nd = qb.ndim
@@ -536,8 +569,8 @@ def sdpa_plain(q, k, v, mask, is_causal, window, scale, enable_gqa, return_lse,
         a.q = <const float *>qb.buf
         a.k = kb.buf
         a.v = vb.buf
-        a.k_dtype = FA_DTYPE_F32
-        a.v_dtype = FA_DTYPE_F32
+        a.k_dtype = k_dt
+        a.v_dtype = v_dt
         a.q_off = offs
         a.k_off = offs + nbatch
         a.v_off = offs + 2 * nbatch
