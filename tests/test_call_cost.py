@@ -226,7 +226,8 @@ def test_fast_path_reads_half_precision_kv_with_the_general_paths_bits(rng, kdt,
         v = f32(rng, *ks).astype(dtypes[vdt])
         m = None if mask is None else rng.random(mask) < 0.8
         blhd_k = np.ascontiguousarray(k.swapaxes(1, 2)).swapaxes(1, 2)  # (B, S, H, D) viewed
-        for kk in (k, blhd_k):
+        reversed_k = np.ascontiguousarray(k[:, ::-1])[:, ::-1]  # negative head stride
+        for kk in (k, blhd_k, reversed_k):
             got = plain(q, kk, v, m, **opts)
             assert got is not None, "half-precision k and v must take the fast path"
             want = general(q, kk, v, m, **opts)
