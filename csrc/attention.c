@@ -766,14 +766,30 @@ int fa_sdpa_f32(const fa_attn_args *a, float *out, float *lse, int nthreads)
 
 int fa_attention_weights_f32(const fa_attn_args *a, float *weights, int nthreads)
 {
-    int status = check_args(a, nthreads);
+    fa_attn_args w;
+    int status;
+    if (!a)
+        return FA_ERR_ARG;
+    /* The weights read no values: v may be NULL (then v_off too, and Dv 0).
+     * The kernels then see k's description in v's place, never read. */
+    w = *a;
+    if (!w.v && !w.v_off) {
+        if (w.Dv != 0)
+            return FA_ERR_ARG;
+        w.v = w.k;
+        w.v_off = w.k_off;
+        w.v_rs = w.k_rs;
+        w.v_ps = w.k_ps;
+        w.v_dtype = w.k_dtype;
+    }
+    status = check_args(&w, nthreads);
     if (status != FA_OK)
         return status;
-    if (a->S == 0)
+    if (w.S == 0)
         return FA_OK;
-    if (!weights && a->nbatch > 0 && a->L > 0)
+    if (!weights && w.nbatch > 0 && w.L > 0)
         return FA_ERR_ARG;
-    return run_problems(a, 1, NULL, NULL, weights, nthreads);
+    return run_problems(&w, 1, NULL, NULL, weights, nthreads);
 }
 
 int fa_varlen_f32(const fa_attn_args *a, int64_t nseq, const int64_t *cu_q,

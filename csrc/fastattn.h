@@ -133,7 +133,8 @@ int fa_sdpa_f32(const fa_attn_args *a, float *out, float *lse, int nthreads);
 int fa_varlen_f32(const fa_attn_args *a, int64_t nseq, const int64_t *cu_q,
                   const int64_t *cu_k, float *out, float *lse, int nthreads);
 
-/* weights: nbatch * L * S floats, the softmax weights of the same computation. */
+/* weights: nbatch * L * S floats, the softmax weights of the same computation.
+ * The weights read no values: a->v and a->v_off may be NULL (a->Dv 0). */
 int fa_attention_weights_f32(const fa_attn_args *a, float *weights, int nthreads);
 
 /*

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import fastattn
-from fastattn import reference
+from fastattn import _core, reference
 
 IMPLS = [fastattn, reference]
 IDS = ["fastattn", "reference"]
@@ -195,3 +195,23 @@ def test_units_whose_last_row_block_passes_the_lane_rows(simd, rng):
                 np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     finally:
         fastattn._core.select_simd(before)
+
+
+def test_core_attention_takes_keywords_and_the_weights_no_values(rng):
+    # _core.attention: every argument after q, k, v by keyword (it had 26
+    # positional ones); the weights kernel reads no values, so v and v_off
+    # are None there, where a (1, 0) array was made up before.
+    q = rng.standard_normal((2, 5, 8)).astype(np.float32)
+    k = rng.standard_normal((2, 7, 8)).astype(np.float32)
+    offs = np.array([0, 40], np.int64), np.array([0, 56], np.int64)
+    kw = dict(k_dtype=_core.DTYPE_F32, v_dtype=_core.DTYPE_F32, q_off=offs[0], k_off=offs[1],
+              q_rs=8, k_rs=8, v_rs=0, nbatch=2, L=5, S=7, D=8, Dv=0, scale=0.5, nthreads=2,
+              weights=True)
+    got = np.full(2 * 5 * 7, np.nan, np.float32)
+    _core.attention(q, k, None, v_off=None, out=got, **kw)
+    want = fastattn.attention_weights(q, k, scale=0.5)
+    np.testing.assert_array_equal(got.reshape(2, 5, 7), want)
+    with pytest.raises(TypeError):
+        _core.attention(q, k, None, _core.DTYPE_F32, _core.DTYPE_F32)
+    with pytest.raises(ValueError):  # no values but Dv > 0
+        _core.attention(q, k, None, v_off=None, out=got, **dict(kw, Dv=8))

@@ -395,15 +395,14 @@ def _run_attention(a, result, lse=None, weights=False, alibi_shift=0):
     nbatch = math.prod(a.batch)
     if nbatch == 0:
         return
-    flat_mask, mask_off, mask_sl, mask_ss = None, np.zeros(0, np.int64), 0, 0
+    flat_mask, mask_off, mask_sl, mask_ss = None, None, 0, 0
     if a.mask is not None:
         mask_off, mask_sl, mask_ss = _layout(a.mask, a.batch)
         flat = a.mask.reshape(-1)
         flat_mask = flat.view(np.uint8) if flat.dtype == np.bool_ else flat
     left, right = a.window
-    v = a.v if a.v is not None else np.zeros((1, 0), np.float32)
     k_arr, k_dtype = _kv_operand(a.k)
-    v_arr, v_dtype = _kv_operand(v)
+    v_arr, v_dtype = _kv_operand(a.v) if a.v is not None else (None, k_dtype)
     segments = None
     if a.segments is not None:
         ids_q, ids_kv = a.segments.q, a.segments.kv
@@ -414,17 +413,15 @@ def _run_attention(a, result, lse=None, weights=False, alibi_shift=0):
                     _strides(ids_q, nd)[-1], _strides(ids_kv, nd)[-1], a.segments.sorted)
     q_off, q_rs, _ = _layout(a.q, a.batch)
     k_off, k_rs, _ = _layout(a.k, a.batch, a.group)
-    if a.v is not None:
-        v_off, v_rs, _ = _layout(v, a.batch, a.group)
-    else:
-        v_off, v_rs = np.zeros(nbatch, np.int64), 0
+    v_off, v_rs = _layout(a.v, a.batch, a.group)[:2] if a.v is not None else (None, 0)
     _core.attention(
-        a.q, k_arr, v_arr, k_dtype, v_dtype, q_off, k_off, v_off, q_rs, k_rs, v_rs,
-        nbatch, a.L, a.S, a.D, a.Dv,
-        flat_mask, mask_off, mask_sl, mask_ss, a.is_causal,
-        -1 if left is None else left, -1 if right is None else right,
-        a.scale, result.reshape(-1), None if lse is None else lse.reshape(-1),
-        get_num_threads(), weights, softcap=a.softcap,
+        a.q, k_arr, v_arr, k_dtype=k_dtype, v_dtype=v_dtype, q_off=q_off, k_off=k_off,
+        v_off=v_off, q_rs=q_rs, k_rs=k_rs, v_rs=v_rs, nbatch=nbatch, L=a.L, S=a.S, D=a.D,
+        Dv=a.Dv, scale=a.scale, out=result.reshape(-1), nthreads=get_num_threads(),
+        lse=None if lse is None else lse.reshape(-1), mask=flat_mask, mask_off=mask_off,
+        mask_sl=mask_sl, mask_ss=mask_ss, is_causal=a.is_causal,
+        win_left=-1 if left is None else left, win_right=-1 if right is None else right,
+        weights=weights, softcap=a.softcap,
         alibi_slopes=None if a.alibi_slopes is None else a.alibi_slopes.reshape(-1),
         sinks=None if a.sinks is None else a.sinks.reshape(-1), segments=segments,
         alibi_shift=alibi_shift,
@@ -485,16 +482,18 @@ def _paged_sdpa(q, k_cache, v_cache, block_table, seqlen, *, is_causal=False, wi
         kst = [st // k_cache.itemsize for st in k_cache.strides]
         vst = [st // v_cache.itemsize for st in v_cache.strides]
         _core.attention(
-            q, k_arr, v_arr, k_dtype, v_dtype,
-            _offsets(q, (B, Hq)), _core.block_offsets((B, Hq), [0, kst[2]], group),
-            _core.block_offsets((B, Hq), [0, vst[2]], group),
-            _row_stride(q), kst[1], vst[1], B * Hq, L, S, D, Dv,
-            None, np.zeros(0, np.int64), 0, 0, as_bool(is_causal, "is_causal"),
-            -1 if left is None else min(left, L + S), -1 if right is None else min(right, L + S),
-            scale, out.reshape(-1), None if lse is None else lse.reshape(-1),
-            get_num_threads(), False,
-            table.reshape(-1), _core.block_offsets((B, Hq), [table.shape[1], 0], 1), bs, P,
-            kst[0], vst[0],
+            q, k_arr, v_arr, k_dtype=k_dtype, v_dtype=v_dtype, q_off=_offsets(q, (B, Hq)),
+            k_off=_core.block_offsets((B, Hq), [0, kst[2]], group),
+            v_off=_core.block_offsets((B, Hq), [0, vst[2]], group),
+            q_rs=_row_stride(q), k_rs=kst[1], v_rs=vst[1], nbatch=B * Hq, L=L, S=S, D=D, Dv=Dv,
+            scale=scale, out=out.reshape(-1), nthreads=get_num_threads(),
+            lse=None if lse is None else lse.reshape(-1),
+            is_causal=as_bool(is_causal, "is_causal"),
+            win_left=-1 if left is None else min(left, L + S),
+            win_right=-1 if right is None else min(right, L + S),
+            block_table=table.reshape(-1),
+            bt_off=_core.block_offsets((B, Hq), [table.shape[1], 0], 1), block_size=bs,
+            num_pages=P, k_ps=kst[0], v_ps=vst[0],
         )
     return (out, lse) if return_lse else out
 
@@ -1109,10 +1108,11 @@ def varlen_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: Arr
         v_arr, v_dtype = _kv_operand(a.v)
         left, right = a.window
         _core.attention(
-            a.q, k_arr, v_arr, k_dtype, v_dtype, q_off, k_off, v_off, q_rs, k_rs, v_rs,
-            a.Hq, 0, 0, a.D, a.Dv, None, np.zeros(0, np.int64), 0, 0, a.is_causal,
-            -1 if left is None else left, -1 if right is None else right, a.scale,
-            out.reshape(-1), None if lse is None else lse.reshape(-1), get_num_threads(),
+            a.q, k_arr, v_arr, k_dtype=k_dtype, v_dtype=v_dtype, q_off=q_off, k_off=k_off,
+            v_off=v_off, q_rs=q_rs, k_rs=k_rs, v_rs=v_rs, nbatch=a.Hq, L=0, S=0, D=a.D,
+            Dv=a.Dv, scale=a.scale, out=out.reshape(-1), nthreads=get_num_threads(),
+            lse=None if lse is None else lse.reshape(-1), is_causal=a.is_causal,
+            win_left=-1 if left is None else left, win_right=-1 if right is None else right,
             softcap=a.softcap,
             alibi_slopes=None if a.alibi_slopes is None else a.alibi_slopes.reshape(-1),
             sinks=None if a.sinks is None else a.sinks.reshape(-1),

@@ -121,26 +121,29 @@ cdef int _get(object arr, Py_buffer *view) except -1:
     return 0
 
 
-def attention(q, k, v, int k_dtype, int v_dtype,
+def attention(q, k, v, *, int k_dtype, int v_dtype,
               const int64_t[::1] q_off, const int64_t[::1] k_off,
               const int64_t[::1] v_off, int64_t q_rs, int64_t k_rs, int64_t v_rs,
-              int64_t nbatch, int64_t L, int64_t S,
-              int64_t D, int64_t Dv, mask, const int64_t[::1] mask_off,
-              int64_t mask_sl, int64_t mask_ss, bint is_causal,
-              int64_t win_left, int64_t win_right, float scale,
-              float[::1] out, lse, int nthreads, bint weights=False,
+              int64_t nbatch, int64_t L, int64_t S, int64_t D, int64_t Dv,
+              float scale, float[::1] out, int nthreads, lse=None,
+              mask=None, const int64_t[::1] mask_off=None, int64_t mask_sl=0,
+              int64_t mask_ss=0, bint is_causal=False,
+              int64_t win_left=-1, int64_t win_right=-1, bint weights=False,
               block_table=None, bt_off=None, int64_t block_size=0, int64_t num_pages=0,
               int64_t k_ps=0, int64_t v_ps=0,
               float softcap=0.0, alibi_slopes=None, sinks=None, segments=None,
               varlen=None, int64_t alibi_shift=0):
     """SDPA (weights=False: out is (nbatch*L*Dv), lse None or (nbatch*L)) or the
-    attention weights (weights=True: out is (nbatch*L*S)).
+    attention weights (weights=True: out is (nbatch*L*S); v and v_off None, Dv
+    0: the weights read no values). Every argument after v by keyword.
 
     q, k, v: arrays (any buffer) whose element [0, ..., 0] the offsets count
     from, in elements: q float32, k and v of k_dtype / v_dtype (DTYPE_F32, or
     DTYPE_F16 / DTYPE_BF16 as uint16 bits). Row i of batch item b of q is at
     q_off[b] + i * q_rs, and likewise for k and v (row strides k_rs, v_rs).
-    mask is None, a 1-d uint8 array (bool mask) or a 1-d float32 array.
+    mask is None, a 1-d uint8 array (bool mask) or a 1-d float32 array, with
+    mask_off (per batch item), mask_sl and mask_ss (row and key strides).
+    win_left, win_right: the window's sides, -1 unbounded.
     Paged k and v: block_table (1-d int32), bt_off (int64 per batch item: the
     start of its row of block_table), block_size (a multiple of 64),
     num_pages (every entry used must be below it) and the page strides k_ps,
@@ -188,7 +191,7 @@ def attention(q, k, v, int k_dtype, int v_dtype,
     a.v_dtype = v_dtype
     a.q_off = _iptr(q_off)
     a.k_off = _iptr(k_off)
-    a.v_off = _iptr(v_off)
+    a.v_off = _iptr(v_off) if v_off is not None else NULL
     a.q_rs = q_rs
     a.k_rs = k_rs
     a.v_rs = v_rs
@@ -207,6 +210,8 @@ def attention(q, k, v, int k_dtype, int v_dtype,
     a.mask_sl = mask_sl
     a.mask_ss = mask_ss
     if mask is not None:
+        if mask_off is None:
+            raise ValueError("mask_off is required with a mask")
         a.mask_off = _iptr(mask_off)
         if mask.dtype.kind == "u":
             bmask = mask
@@ -263,11 +268,12 @@ def attention(q, k, v, int k_dtype, int v_dtype,
         held = 1
         _get(k, &kb)
         held = 2
-        _get(v, &vb)
-        held = 3
+        if v is not None:
+            _get(v, &vb)
+            held = 3
         a.q = <const float *>qb.buf
         a.k = kb.buf
-        a.v = vb.buf
+        a.v = vb.buf if held == 3 else NULL
         with nogil:
             if is_varlen:
                 status = fa_varlen_f32(&a, nseq, &cu_q[0], &cu_k[0], _wptr(out), lse_ptr,
