@@ -99,6 +99,31 @@ def test_loop_ceiling_tool_builds_and_runs(tmp_path, variant):
     assert bad.returncode == 2 and "multiple of 16" in bad.stderr
 
 
+def test_decode_ceiling_tool_builds_and_runs(tmp_path):
+    # tools/decode_ceiling.c includes the AVX-512 kernels' sources: it must
+    # keep up with the few-rows kernels' signatures (the README quotes it).
+    import platform
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    src = root / "tools" / "decode_ceiling.c"
+    gcc = shutil.which("gcc")
+    if gcc is None or not src.exists() or platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("needs gcc, an x86-64 CPU and the source tree")
+    exe = tmp_path / "decode_ceiling"
+    subprocess.run([gcc, "-O2", "-fopenmp", "-std=gnu11", "-I", str(root / "csrc"), str(src),
+                    "-o", str(exe), "-lm"], check=True)
+    out = subprocess.run([str(exe), "40", "3", "128", "2"], check=True, capture_output=True,
+                         text=True).stdout
+    assert "lacks" in out or ("3 query rows, 128 keys" in out and "D = 40" in out
+                              and all(f"{dt} " in out for dt in ("float32", "float16",
+                                                                 "bfloat16"))), out
+    bad = subprocess.run([str(exe), "128", "9"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "ROWS: 1 to 8" in bad.stderr
+
+
 def test_long_grid_rows_and_peak_fraction(monkeypatch, capsys):
     # The grid's bookkeeping with stand-in timings (the real one takes minutes).
     import fastattn._bench as bench
