@@ -1,13 +1,14 @@
 /*
- * decode_ceiling.c -- what the decoding (few-rows) kernels cost a key with
- * their keys and values in cache, on one thread, for each dtype of k and v:
- * the scores (few_scores: ROWS query rows against the key rows, read in
- * place) and the P.V product (few_pv) over KEYS keys, tile by tile as
- * sdpa_unit calls them, repeated on the same buffers. With the keys in the
- * level-1 or level-2 cache this is the arithmetic a decoding step cannot go
+ * decode_ceiling.c -- what the decoding (few-rows) kernels cost a key on one
+ * thread, for each dtype of k and v: the scores (few_scores: ROWS query rows
+ * against the key rows, read in place) and the P.V product (few_pv) over
+ * KEYS keys (one buffer read as k and as v), tile by tile as sdpa_unit calls
+ * them, each walk over the same rows. With the default 1024 keys they sit in
+ * the level-2 cache, and this is the arithmetic a decoding step cannot go
  * below, whatever the memory: the float32 figure against the half-precision
  * ones says how much of a half-precision cache's halved traffic a decoding
- * step can turn into speed. (The README's fourteenth round quotes it.)
+ * step can turn into speed; more keys read from farther away. (The README's
+ * fourteenth round quotes it.)
  *
  *   gcc -O3 -std=gnu11 -ffp-contract=off -fopenmp -Icsrc tools/decode_ceiling.c \
  *       -o /tmp/decode_ceiling -lm
