@@ -1,6 +1,8 @@
 """`python -m fastattn bench --models` and its peers: each peer computes the
 same attention as fastattn on the cases it expresses (else the ratios would
 compare different work)."""
+import subprocess
+
 import numpy as np
 import pytest
 
@@ -73,24 +75,28 @@ def test_fma_peak_is_positive_or_absent():
     assert _core.fma_peak(4, 1, 1000) is None
 
 
+def _build_tool(tmp_path, name, flags=()):
+    """tools/<name>.c built with gcc into tmp_path (skips where it cannot be)."""
+    import platform
+    import shutil
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    src = root / "tools" / f"{name}.c"
+    gcc = shutil.which("gcc")
+    if gcc is None or not src.exists() or platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("needs gcc, an x86-64 CPU and the source tree")
+    exe = tmp_path / name
+    subprocess.run([gcc, "-O2", "-fopenmp", "-std=gnu11", "-I", str(root / "csrc"), *flags,
+                    str(src), "-o", str(exe), "-lm"], check=True)
+    return exe
+
+
 @pytest.mark.parametrize("variant", ["avx512", "avx2"])
 def test_loop_ceiling_tool_builds_and_runs(tmp_path, variant):
     # tools/loop_ceiling.c includes the kernels' sources: it must keep up with
     # their signatures (the README quotes its figures).
-    import platform
-    import shutil
-    import subprocess
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    src = root / "tools" / "loop_ceiling.c"
-    gcc = shutil.which("gcc")
-    if gcc is None or not src.exists() or platform.machine() not in ("x86_64", "AMD64"):
-        pytest.skip("needs gcc, an x86-64 CPU and the source tree")
-    exe = tmp_path / "loop_ceiling"
-    flags = ["-DCEILING_AVX2"] if variant == "avx2" else []
-    subprocess.run([gcc, "-O2", "-fopenmp", "-std=gnu11", "-I", str(root / "csrc"), *flags,
-                    str(src), "-o", str(exe), "-lm"], check=True)
+    exe = _build_tool(tmp_path, "loop_ceiling", ["-DCEILING_AVX2"] if variant == "avx2" else [])
     out = subprocess.run([str(exe), "32", "20", "3"], check=True, capture_output=True,
                          text=True).stdout
     assert "lacks" in out or ("of the peak (the ceiling of these loops)" in out
@@ -102,19 +108,7 @@ def test_loop_ceiling_tool_builds_and_runs(tmp_path, variant):
 def test_decode_ceiling_tool_builds_and_runs(tmp_path):
     # tools/decode_ceiling.c includes the AVX-512 kernels' sources: it must
     # keep up with the few-rows kernels' signatures (the README quotes it).
-    import platform
-    import shutil
-    import subprocess
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    src = root / "tools" / "decode_ceiling.c"
-    gcc = shutil.which("gcc")
-    if gcc is None or not src.exists() or platform.machine() not in ("x86_64", "AMD64"):
-        pytest.skip("needs gcc, an x86-64 CPU and the source tree")
-    exe = tmp_path / "decode_ceiling"
-    subprocess.run([gcc, "-O2", "-fopenmp", "-std=gnu11", "-I", str(root / "csrc"), str(src),
-                    "-o", str(exe), "-lm"], check=True)
+    exe = _build_tool(tmp_path, "decode_ceiling")
     out = subprocess.run([str(exe), "40", "3", "128", "2"], check=True, capture_output=True,
                          text=True).stdout
     assert "lacks" in out or ("3 query rows, 128 keys" in out and "D = 40" in out
