@@ -584,8 +584,9 @@ def _sdpa(q, k, v, attn_mask, is_causal, window, scale, softcap, alibi_slopes, s
           segment_ids, enable_gqa, return_lse, out, alibi_shift=0):
     if softcap is None and alibi_slopes is None and sinks is None and segment_ids is None:
         # The common call (float32 ndarrays with contiguous rows, k and v also
-        # float16 or bfloat16, at most a mask, an out= it can take) in one step; None when it does not apply (see
-        # _core.sdpa_plain): the general path then checks everything, out included.
+        # float16 or bfloat16, at most a mask, an out= it can take) in one step;
+        # None when it does not apply (see _core.sdpa_plain): the general path
+        # then checks everything, out included.
         result = _core.sdpa_plain(q, k, v, attn_mask, is_causal, window, scale, enable_gqa,
                                   return_lse, get_num_threads(), out)
         if result is not None:

@@ -438,9 +438,9 @@ def sdpa_plain(q, k, v, mask, is_causal, window, scale, enable_gqa, return_lse,
 
     Applies when q, k and v are aligned numpy.ndarrays (no subclass) of
     native float32 (k and v also float16 or ml_dtypes' bfloat16, read as
-    stored: a half-precision KV cache) with their rows in place (any strides a whole number of
-    elements, the last axis contiguous) and the same number of dimensions
-    >= 2, each of k's and v's leading dimensions equal to q's or 1 (with
+    stored: a half-precision KV cache) with their rows in place (any strides
+    a whole number of elements, the last axis contiguous) and the same number
+    of dimensions >= 2, each of k's and v's leading dimensions equal to q's or 1 (with
     enable_gqa: but for the head axis, where q's heads are a multiple of k's
     = v's), every dimension >= 1, D equal and v's rows those of k; mask None
     or a C-contiguous ndarray of bool or float32 that broadcasts to
