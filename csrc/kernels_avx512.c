@@ -403,11 +403,10 @@ static FA_ALWAYS_INLINE FA_TARGET int qt_scores_body_avx512(
     return !bad;
 }
 
-static FA_TARGET int qt_scores_avx512(const float *qt, int64_t nrt, int64_t D, const float *k,
-                                      int64_t rs, float scale, const float *mold, float *pt,
-                                      int64_t ldp, float *mnew, const int32_t *first,
-                                      const int32_t *last, const float *slope, const float *base,
-                                      int64_t nc)
+static FA_ALWAYS_INLINE FA_TARGET int qt_scores_avx512(
+    const float *qt, int64_t nrt, int64_t D, const float *k, int64_t rs, float scale,
+    const float *mold, float *pt, int64_t ldp, float *mnew, const int32_t *first,
+    const int32_t *last, const float *slope, const float *base, int64_t nc)
 {
 #define FA_QT_CALL(bd, al)                                                                     \
     qt_scores_body_avx512(qt, nrt, D, k, rs, scale, mold, pt, ldp, mnew, bd, first, last, al,     \
