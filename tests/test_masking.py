@@ -309,12 +309,16 @@ def test_poisoned_masked_keys_in_attention_weights(rng):
 
 @pytest.mark.parametrize("S", [32, 77, 200])
 @pytest.mark.parametrize("hole", [False, True])
-def test_key_padding_mask_bits_equal_the_same_mask_row_by_row(rng, S, hole):
+@pytest.mark.parametrize("kind", ["bool", "-inf", "finfo.min", "additive"])
+def test_key_padding_mask_bits_equal_the_same_mask_row_by_row(rng, S, hole, kind):
     # A key-padding mask (B, 1, 1, S) whose allowed keys are a run (right
     # padding, left padding, both) takes the whole-tile kernels on every tile;
-    # with a hole inside the run the tile that holds it does not. Either way
-    # the bits are those of the same mask given row by row (B, H, L, S), which
-    # takes the general path, and close to the float64 reference.
+    # a bool one with a hole inside the run not on the tile that holds it. A
+    # float one (-inf or Hugging Face's finfo(float32).min where the bool is
+    # False; "additive": random values as well where it is True) takes them
+    # with its values added after the products. Either way the bits are those
+    # of the same mask given row by row (B, H, L, S), which takes the general
+    # path, and close to the float64 reference.
     B, H, L, D = 4, 3, 40, 32
     q, k, v = qkv(rng, (B, H, L, D), (B, H, S, D), (B, H, S, D))
     keys = np.arange(S)
@@ -324,6 +328,10 @@ def test_key_padding_mask_bits_equal_the_same_mask_row_by_row(rng, S, hole):
     if hole:
         mask[1, 0, 0, S // 4] = False
         mask[3, 0, 0, S // 2] = False
+    if kind != "bool":
+        off = -np.inf if kind == "-inf" else np.finfo(np.float32).min
+        on = rng.standard_normal(mask.shape) if kind == "additive" else 0.0
+        mask = np.where(mask, on, off).astype(np.float32)
     rows = np.broadcast_to(mask, (B, H, L, S)).copy()
     o, lse = sdpa(q, k, v, mask, return_lse=True)
     o_rows, lse_rows = sdpa(q, k, v, rows, return_lse=True)
@@ -331,6 +339,37 @@ def test_key_padding_mask_bits_equal_the_same_mask_row_by_row(rng, S, hole):
     assert_same_bits(lse, lse_rows)
     want = fastattn.reference.scaled_dot_product_attention(
         q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), mask)
+    assert_close(o, want)
+
+
+@pytest.mark.parametrize("kind", ["bool", "float"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_per_head_padding_mask_under_grouped_heads_bits_equal_row_by_row(kind, causal):
+    # Grouped heads put the query heads that share a kv head into one unit:
+    # a mask with one row per (batch item, head), broadcast over the queries,
+    # differs between the heads of a unit, and the rows-as-lanes kernels must
+    # add each head's own values. The bits are those of the same mask given
+    # row by row (the general path).
+    rng = np.random.default_rng(5)
+    B, Hq, Hkv, L, S, D = 2, 6, 2, 20, 150, 32
+    q, k, v = qkv(rng, (B, Hq, L, D), (B, Hkv, S, D), (B, Hkv, S, D))
+    keep = rng.random((B, Hq, 1, S)) < 0.9
+    for n in range(B * Hq):  # key padding of its own length for each head
+        keep[n // Hq, n % Hq, 0, S - 7 * (n + 1):] = False
+    if kind == "bool":
+        mask = keep
+    else:
+        values = rng.standard_normal((B, Hq, 1, S)).astype(np.float32)
+        mask = np.where(keep, values, -np.inf).astype(np.float32)
+    rows = np.broadcast_to(mask, (B, Hq, L, S)).copy()
+    kw = {"enable_gqa": True, "is_causal": causal, "return_lse": True}
+    o, lse = sdpa(q, k, v, mask, **kw)
+    o_rows, lse_rows = sdpa(q, k, v, rows, **kw)
+    assert_same_bits(o, o_rows)
+    assert_same_bits(lse, lse_rows)
+    want = fastattn.reference.scaled_dot_product_attention(
+        q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), mask,
+        is_causal=causal, enable_gqa=True)
     assert_close(o, want)
 
 

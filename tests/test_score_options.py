@@ -611,30 +611,32 @@ def test_alibi_and_document_masks_match_pytorch(rng):
         atol=1e-5)
 
 
+@pytest.mark.parametrize("shared", [False, True])
 @pytest.mark.parametrize("alibi", [False, True])
-def test_softcap_polynomial_pass_has_the_full_forms_bits(simd, alibi):
+def test_softcap_polynomial_pass_has_the_full_forms_bits(simd, alibi, shared):
     # A tile row whose scores all lie within 0.625 c takes tanh's polynomial
-    # form alone; one large score anywhere in the row (here a key masked out
-    # by a float -inf) sends it through the full form. The rows must get the
-    # same bits either way: the masked key adds nothing. (One more query row
-    # at the end keeps the rows' positions, which ALiBi reads, those of the
-    # smaller call.)
+    # form alone; one large score anywhere in the row (here at key m, masked
+    # out by a float -inf inside the row's key range, which therefore is
+    # computed) sends it through the full form. The rows must get the same
+    # bits either way: the masked key adds nothing. shared: the mask is one
+    # row for every query (the rows-as-lanes kernels' pass after the
+    # products), else one row per query (the general path).
     rng = np.random.default_rng(11)
     H, L, S, D = 2, 30, 40, 16
-    q, k, v = qkv(rng, (H, L + 1, D), (H, S + 1, D), (H, S + 1, 8))
-    k[:, S, :] = 1e3  # |q . k| of about 1e3 at key S: far above 0.625 c
+    q, k, v = qkv(rng, (H, L, D), (H, S, D), (H, S, 8))
+    m = S // 2
+    k_big = k.copy()
+    k_big[:, m, :] = 1e3  # |q . k| of about 1e3 at key m: far above 0.625 c
     kw = {"softcap": 20.0}
     if alibi:
         kw["alibi_slopes"] = np.array([0.5, 0.125], np.float32)
-    big = np.zeros((L + 1, S + 1), np.float32)
-    big[:, S] = -np.inf
-    small = np.zeros((L, S), np.float32)
-    o_small, l_small = _sdpa(q[:, :L], k[:, :S], v[:, :S], attn_mask=small, **kw)
-    o_big, l_big = _sdpa(q, k, v, attn_mask=big, **kw)
-    assert_same_bits(o_big[:, :L], o_small)
-    assert_same_bits(l_big[:, :L], l_small)
-    ro, rl = ref.scaled_dot_product_attention(q[:, :L], k[:, :S], v[:, :S], small,
-                                              return_lse=True, **kw)
+    mask = np.zeros((1 if shared else L, S), np.float32)
+    mask[:, m] = -np.inf
+    o_small, l_small = _sdpa(q, k, v, attn_mask=mask, **kw)
+    o_big, l_big = _sdpa(q, k_big, v, attn_mask=mask, **kw)
+    assert_same_bits(o_big, o_small)
+    assert_same_bits(l_big, l_small)
+    ro, rl = ref.scaled_dot_product_attention(q, k, v, mask, return_lse=True, **kw)
     assert_close(o_small, ro, **tol(kw, L, S))
     assert_close(l_small, rl, **tol(kw, L, S))
 
