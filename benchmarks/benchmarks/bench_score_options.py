@@ -1,5 +1,6 @@
 """softcap, ALiBi, sinks, segment ids and varlen_attention: each against the
-call it replaces, in one process (L = S = 4096, D = 128, 8 heads, causal)."""
+call it replaces, in one process (L = S = 4096, D = 128, 8 heads, causal);
+key-padding masks, bool against float."""
 import numpy as np
 
 import fastattn
@@ -85,3 +86,31 @@ class Varlen:
                                           self.v[r].swapaxes(0, 1))
         else:
             fastattn.causal_attention(self.pad, self.pad, self.pad)
+
+
+class PaddingMask:
+    """BERT-base's shape (16, 12, 256, 256, 64) with a key-padding mask
+    (B, 1, 1, S): bool, float with -inf, and float with finfo(float32).min
+    (Hugging Face's form) at the padded keys (track the float forms' ratio
+    to the bool one)."""
+
+    params = [["bool", "float -inf", "float finfo.min"], [2]]
+    param_names = ["mask", "threads"]
+    timeout = 600
+
+    def setup(self, mask, threads):
+        fastattn.set_num_threads(threads)
+        B, heads, S, Dh = 16, 12, 256, 64
+        self.q, self.k, self.v = (random((B, heads, S, Dh), seed) for seed in range(3))
+        keep = np.ones((B, 1, 1, S), bool)
+        for b in range(B):  # batch item b keeps its first S - b S / 32 keys
+            keep[b, ..., S - (b * S) // (2 * B):] = False
+        off = {"bool": None, "float -inf": -np.inf,
+               "float finfo.min": np.finfo(np.float32).min}[mask]
+        self.mask = keep if off is None else np.where(keep, 0.0, off).astype(np.float32)
+
+    def teardown(self, *args):
+        fastattn.set_num_threads(None)
+
+    def time_padded(self, mask, threads):
+        fastattn.scaled_dot_product_attention(self.q, self.k, self.v, self.mask)
