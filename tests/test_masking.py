@@ -238,13 +238,17 @@ POISON = [np.nan, np.inf, -np.inf, 3e38]
 
 @pytest.mark.parametrize("poison", POISON, ids=str)
 @pytest.mark.parametrize("kind", ["bool", "float"])
-def test_keys_masked_for_all_rows_are_not_read(rng, poison, kind):
+@pytest.mark.parametrize("shared", [False, True], ids=["rows", "shared"])
+def test_keys_masked_for_all_rows_are_not_read(rng, poison, kind, shared):
+    # Dead keys at both ends (cut from every row's key range) and inside;
+    # shared: one mask row for every query (a key-padding mask), which the
+    # rows-as-lanes kernels take.
     B, L, S = 2, 5, 9
     q, k, v = qkv(rng, (B, L, 4), (B, S, 4), (B, S, 3))
-    mask = rng.random((L, S)) < 0.7
+    mask = rng.random((1 if shared else L, S)) < 0.7
     dead = [0, 4, 8]
     mask[:, dead] = False
-    m = mask if kind == "bool" else np.where(mask, randn(rng, L, S), np.float32(-np.inf))
+    m = mask if kind == "bool" else np.where(mask, randn(rng, *mask.shape), np.float32(-np.inf))
     clean = sdpa(q, k, v, m, return_lse=True)
     k2, v2 = k.copy(), v.copy()
     k2[:, dead] = poison
