@@ -636,6 +636,25 @@ BAD = [
     ("block_table", lambda: flash_attn_varlen_func(
         np.zeros((4, 2, 4)), np.zeros((3, 2, 2, 4)), np.zeros((3, 2, 2, 4)), [0, 4], [0, 4],
         4, 4, block_table=[[0, 3]]), ValueError),
+    # a sequence longer than its pages: its length named as such (no entry of
+    # cu_seqlens_k is 7)
+    (r"sequence 1 has 7 keys \(by cu_seqlens_k\), more than block_table addresses: 2 blocks "
+     r"of 3 = 6", lambda: flash_attn_varlen_func(
+         np.zeros((10, 4, 8)), np.zeros((4, 3, 2, 8)), np.zeros((4, 3, 2, 8)), [0, 4, 10],
+         [0, 5, 12], 6, 7, block_table=[[0, 1], [2, 3]]), ValueError),
+    # errors in FlashAttention's terms: softcap 0.0 is off (None is not taken), and
+    # shapes as the caller gave them, (B, L, H, D) not the core's (B, H, L, D)
+    (r"softcap must be a finite float >= 0 \(0.0 = off; finite in float32\), got inf$",
+     lambda: flash_attn_func(*(np.zeros((1, 2, 2, 4)),) * 3, softcap=np.inf), ValueError),
+    (r"softcap .*got nan$", lambda: flash_attn_func(*(np.zeros((1, 2, 2, 4)),) * 3,
+                                                    softcap=np.nan), ValueError),
+    (r"softcap .*got 1e\+39$", lambda: flash_attn_func(*(np.zeros((1, 2, 2, 4)),) * 3,
+                                                       softcap=1e39), ValueError),
+    (r"q must have a head dimension \(last axis\) >= 1, got shape \(1, 3, 2, 0\)",
+     lambda: flash_attn_func(*(np.zeros((1, 3, 2, 0)),) * 3), ValueError),
+    (r"q must have a head dimension \(last axis\) >= 1, got shape \(5, 2, 0\)",
+     lambda: flash_attn_varlen_func(*(np.zeros((5, 2, 0)),) * 3, [0, 5], [0, 5], 5, 5),
+     ValueError),
 ]
 
 
@@ -662,6 +681,10 @@ KV_BAD = [  # (what the message names, changes to the arguments, exception)
     ("cache_seqlens", dict(cache_seqlens=np.array([3., 4., 5.])), TypeError),
     ("cache_seqlens", dict(cache_seqlens=None), ValueError),  # k given
     ("cache_seqlens", dict(cache_seqlens=5.0), TypeError),
+    ("cache_seqlens must be an int, got ndarray of dtype float64",
+     dict(cache_seqlens=np.array(3.0)), TypeError),
+    (r"q must have a head dimension \(last axis\) >= 1, got shape \(3, 1, 6, 0\)",
+     dict(q=np.zeros((3, 1, 6, 0), np.float32)), ValueError),
     ("cache_seqlens", dict(cache_seqlens=True), TypeError),
     ("cache_leftpad", dict(cache_leftpad=np.array([0, 5, 0])), ValueError),  # > cache_seqlens
     ("cache_leftpad", dict(cache_leftpad=np.array([-1, 0, 0])), ValueError),

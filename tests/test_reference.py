@@ -41,6 +41,19 @@ def test_reference_returns_float32(rng):
     assert ref.attention_weights(q, k).dtype == np.float32
 
 
+def test_reference_float32_overflow_is_an_infinity_without_a_warning():
+    # log_softmax of (3e38, -3e38): -6e38 is beyond float32, -inf there, as
+    # fastattn gives it; the float64 result's cast does not warn
+    import warnings
+    import fastattn
+    x = np.array([[3e38, -3e38]], np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = ref.log_softmax(x, axis=-1)
+    assert got.tolist() == [[0.0, -np.inf]]
+    assert np.array_equal(got, fastattn.log_softmax(x, axis=-1))
+
+
 def test_reference_nonfinite_rules_match_scipy():
     inf, nan = np.inf, np.nan
     x = np.array([[1.0, nan, 2.0],

@@ -709,5 +709,6 @@ def test_bench_options_prints_every_row(capsys):
     rows = bench.options_grid(repeat=1, L=64, heads=2, D=8)
     assert [name.split(",")[0].split(" (")[0] for name, _, _ in rows][:4] == [
         "causal", "softcap=30", "alibi_slopes", "sinks"]
-    assert len(rows) == 10 and all(t > 0 and r > 0 for _, t, r in rows)
+    assert len(rows) == 12 and all(t > 0 and r > 0 for _, t, r in rows)
+    assert [name.split(":")[0] for name, _, _ in rows].count("floor") == 2
     assert "medians of 7 rounds" in capsys.readouterr().out

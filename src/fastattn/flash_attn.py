@@ -34,8 +34,9 @@ import numpy as np
 
 import fastattn
 from fastattn import _api  # _paged_sdpa: the kernel's in-place paged read
-from fastattn._validate import (as_array, check_cu_seqlens, check_out, check_scale,
-                                check_softcap, index_int64, int_array, shares_memory)
+from fastattn._validate import (_FLOAT32_MAX, as_array, check_cu_seqlens, check_out,
+                                check_scale, check_softcap, index_int64, int_array,
+                                shares_memory)
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"]
 
@@ -67,6 +68,13 @@ def _array(x, name, ndim, writeable=False):
     return arr
 
 
+def _check_headdim(q, name):
+    """The head dimension (q's last axis, in the caller's layout) is at least 1."""
+    if q.shape[-1] < 1:
+        raise ValueError(f"{name} must have a head dimension (last axis) >= 1, got shape "
+                         f"{q.shape}")
+
+
 def _index_array(x, name, shape=None):
     """`x` as an int64 array (of `shape` when given); TypeError unless integer,
     ValueError for a value that int64 does not hold (named, never wrapped)."""
@@ -84,7 +92,8 @@ def _int(x, name, minimum=0):
     try:
         value = operator.index(x)
     except TypeError:
-        raise TypeError(f"{name} must be an int, got {type(x).__name__}") from None
+        got = type(x).__name__ + (f" of dtype {x.dtype}" if isinstance(x, np.ndarray) else "")
+        raise TypeError(f"{name} must be an int, got {got}") from None
     if value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
     return value
@@ -124,9 +133,14 @@ def _check_softcap(softcap):
         raise TypeError(f"softcap must be a float, got {type(softcap).__name__}")
     if softcap == 0:
         return None
-    if softcap < 0:
-        raise ValueError(f"softcap must be a finite float >= 0 (0.0 = off), got {softcap!r}")
-    return check_softcap(softcap)  # the core's rule: finite in float32, a normal float32
+    try:
+        value = float(softcap)
+    except OverflowError:  # an int beyond float64's range
+        value = math.inf
+    if not value <= _FLOAT32_MAX or value < 0:  # (NaN fails the first)
+        raise ValueError(f"softcap must be a finite float >= 0 (0.0 = off; finite in float32), "
+                         f"got {softcap!r}")
+    return check_softcap(softcap)  # the core's rule: a normal float32
 
 
 def _check_window(window_size):
@@ -327,6 +341,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     k = _array(k, "k", 4)
     v = _array(v, "v", 4)
     B, L, H, D = q.shape
+    _check_headdim(q, "q")
     S, Hkv = k.shape[1], k.shape[2]
     if k.shape[0] != B or v.shape[0] != B:
         raise ValueError(f"q, k and v must have the same batch size, got {B}, {k.shape[0]}, "
@@ -359,9 +374,10 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
 # flash_attn_varlen_func
 
 
-def _check_block_table(block_table, B, num_blocks, lengths_end, block_size, name_lengths):
+def _check_block_table(block_table, B, num_blocks, lengths_end, block_size, source):
     """block_table (B, max_blocks) of ints; the entries that cover positions
-    [0, lengths_end[b]) must index the cache's blocks."""
+    [0, lengths_end[b]) must index the cache's blocks (source: where the
+    lengths come from, for the error)."""
     table = _index_array(block_table, "block_table")
     if table.ndim != 2 or table.shape[0] != B:
         raise ValueError(f"block_table must have shape (batch_size, max_num_blocks_per_seq) "
@@ -369,9 +385,9 @@ def _check_block_table(block_table, B, num_blocks, lengths_end, block_size, name
     capacity = table.shape[1] * block_size
     if B and int(lengths_end.max(initial=0)) > capacity:
         b = int(np.argmax(lengths_end))
-        raise ValueError(f"{name_lengths} of batch {b} (= {int(lengths_end[b])}) exceeds what "
-                         f"block_table addresses: {table.shape[1]} blocks of {block_size} = "
-                         f"{capacity} positions")
+        raise ValueError(f"sequence {b} has {int(lengths_end[b])} keys ({source}), more "
+                         f"than block_table addresses: {table.shape[1]} blocks of {block_size} "
+                         f"= {capacity} positions")
     used = np.arange(table.shape[1]) < -(-lengths_end[:, None] // block_size)
     bad = used & ((table < 0) | (table >= num_blocks))
     if bad.any():
@@ -481,6 +497,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     k = _array(k, "k", 4 if paged else 3)
     v = _array(v, "v", 4 if paged else 3)
     total_q, H, D = q.shape
+    _check_headdim(q, "q")
     Hkv = k.shape[-2]
     if k.shape[-1] != D:
         raise ValueError(f"k's head dimension must be q's ({D}), got k of shape {k.shape}")
@@ -521,7 +538,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     return_attn_probs = _bool(return_attn_probs, "return_attn_probs")
     inputs = [("q", q), ("k", k), ("v", v), ("alibi_slopes", alibi_slopes)]  # (the caller's)
     if paged:
-        table = _check_block_table(block_table, B, k.shape[0], len_k, k.shape[1], "cu_seqlens_k")
+        table = _check_block_table(block_table, B, k.shape[0], len_k, k.shape[1],
+                                   "by cu_seqlens_k")
         k = np.concatenate([_gather_pages(k, table[b], 0, len_k[b]) for b in range(B)]
                            or [k[:0, 0]])
         v = np.concatenate([_gather_pages(v, table[b], 0, len_k[b]) for b in range(B)]
@@ -769,6 +787,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     """
     q = _array(q, "q", 4)
     B, L, H, D = q.shape
+    _check_headdim(q, "q")
     new_kv = k is not None or v is not None
     if (k is None) != (v is None):
         raise ValueError("k and v must be given together (the new keys and values)")
@@ -856,7 +875,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             raise ValueError(f"cache_leftpad must lie in [0, cache_seqlens] for each sequence, "
                              f"got {start.tolist()} with cache_seqlens {seqlens.tolist()}")
     if paged:
-        table = _check_block_table(table, B, k_cache.shape[0], end, block_size, "cache_seqlens")
+        table = _check_block_table(table, B, k_cache.shape[0], end, block_size,
+                                   "cache_seqlens + seqlen_new")
 
     causal = _bool(causal, "causal")
     window = _check_window(window_size)

@@ -46,7 +46,8 @@ __all__ = [
 
 def _finish(result64, out, inputs):
     """float32 result, written into `out` when given (after the same checks as fastattn's)."""
-    result = result64.astype(np.float32)
+    with np.errstate(over="ignore"):  # beyond float32's range: +-inf, as fastattn gives
+        result = result64.astype(np.float32)
     if out is None:
         return result
     check_out(out, result.shape, inputs)
