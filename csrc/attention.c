@@ -25,6 +25,7 @@
 #include "fa_kernels.h"
 #include "fa_internal.h"
 
+#include <float.h>
 #include <stdlib.h>
 
 #define FA_MAX_PARTIAL (32.0 * 1024 * 1024) /* bytes of partials for split units, at most */
@@ -383,6 +384,98 @@ static void unit_keys(const fa_attn_args *a, const fa_unit *u, int64_t *lo, int6
         l = p_first - a->win_left;
     *lo = l;
     *hi = h > l ? h : l;
+}
+
+/*
+ * The end of a float key-padding mask's span [l, h) of item b (a mask row
+ * shared by the queries) without its trailing keys whose weights are exact
+ * zeros in every row of unit u that may see them: h, or c where the keys [c,
+ * h) all carry values so far below the row's largest, mk, that no score can
+ * bring them within reach of the row's maximum (Hugging Face's padding,
+ * finfo(float32).min where a key is padded, and 0 elsewhere). Such a key's
+ * weight exp(s + M - m) is 0 in float32, its product with a finite value is
+ * a zero, and sums from +0 that leave out trailing zero terms are the same
+ * sums: the bits of the whole range. What that takes, checked here:
+ * - every row that sees a key of [c, h) also sees the key of mk (jk < c):
+ *   each row's keys start at l (no window's left side, no segment ids);
+ *   only the keys of [c, h) that some row of the unit may see (causal and
+ *   window bounds: unit_keys; a split unit's chunk: its keys) are looked
+ *   at, and none where no row does; units of fewer than 16 rows an item
+ *   (decoding) keep the keys, whose reading would cost what computing them
+ *   does;
+ * - a bound on every score |s| that those keys and jk can have
+ *   (scale D max|q| max|k| over the unit's rows of item b and those keys,
+ *   doubled for the rounding and the kernels' move to base 2; a soft cap's
+ *   twice c), with the unscaled product D max|q| max|k| also finite in
+ *   float32 (scale 0 times an overflowed product is NaN), and finite q
+ *   rows, key rows and value rows (a NaN or an infinity there reaches the
+ *   result through a zero weight, 0 x inf);
+ * - the tail's largest value mt, with the bound on both sides (ALiBi's bias
+ *   in it: at most slope (L + S) apart between any two keys of a row) and
+ *   float32's rounding of s + M, more than 1024 below mk.
+ * A row whose keys are all at finfo.min keeps them (they weigh equally).
+ */
+int64_t fa_zero_tail(const fa_attn_args *a, const fa_unit *u, int64_t b, int64_t l, int64_t h)
+{
+    const float *mrow = a->float_mask + a->mask_off[b];
+    const int64_t ms = a->mask_ss, nr = u->nh * u->nq, D = a->D;
+    float mk = -INFINITY, mt = -INFINITY;
+    float qmax = 0.0f, kmax = 0.0f;
+    double dot, bound;
+    const fa_kernel_table *kern = fa_active_kernels();
+    int64_t j, jk = l, c, r, s0, e, lo_u, hi_u;
+    if (a->win_left >= 0 || a->seg_q || h <= l || u->nq < 16)
+        return h;
+    for (j = l; j < h; j++) {
+        const float x = mrow[j * ms];
+        if (x != x)
+            return h;
+        if (x > mk) {
+            mk = x;
+            jk = j;
+        }
+    }
+    if (!(mk > -INFINITY && mk < INFINITY))
+        return h;
+    for (c = h; c > l && mrow[(c - 1) * ms] < mk - 1024.0f; c--)
+        mt = mrow[(c - 1) * ms] > mt ? mrow[(c - 1) * ms] : mt;
+    unit_keys(a, u, &lo_u, &hi_u);
+    if (u->chunk >= 0) { /* (a unit split over threads: this chunk's keys) */
+        lo_u = u->chunk * FA_CK > lo_u ? u->chunk * FA_CK : lo_u;
+        hi_u = (u->chunk + 1) * FA_CK < hi_u ? (u->chunk + 1) * FA_CK : hi_u;
+    }
+    s0 = c > lo_u ? c : lo_u;
+    e = hi_u < h ? hi_u : h; /* the tail's keys [s0, e) that the unit may see */
+    if (s0 >= e)
+        return h;
+    for (r = 0; r < nr; r++) /* (the unit's rows of item b) */
+        if (u->b0 + r / u->nq == b) {
+            const float x = kern->max_abs(a->q + a->q_off[b] + (u->i0 + r % u->nq) * a->q_rs,
+                                          FA_DTYPE_F32, D);
+            qmax = x > qmax ? x : qmax;
+        }
+    for (j = s0 - 1; j < e; j++) { /* (j = s0 - 1: the key of mk first) */
+        const float x = kern->max_abs(fa_kv_tile(a, b, 0, j == s0 - 1 ? jk : j), a->k_dtype, D);
+        kmax = x > kmax ? x : kmax;
+        if (j >= s0 && a->Dv > 0
+            && kern->max_abs(fa_kv_tile(a, b, 1, j), a->v_dtype, a->Dv) == INFINITY)
+            return h;
+    }
+    dot = 2.0 * (double)D * (double)qmax * (double)kmax;
+    /* (q . k may overflow before it is scaled: inf x 0; a row that is not
+     * finite makes dot inf or NaN) */
+    if (!(dot < (double)FLT_MAX))
+        return h;
+    bound = fabs((double)a->scale) * dot;
+    if (a->softcap > 0.0f && bound > 2.0 * (double)a->softcap)
+        bound = 2.0 * (double)a->softcap;
+    if (a->alibi_slopes) /* its bias, -slope |p - j|, lies in [-slope (L + S), 0] */
+        bound += fabs((double)a->alibi_slopes[b])
+                 * ((double)a->L + (double)a->S + fabs((double)a->alibi_shift));
+    if (!((double)mt + fabs((double)mt) * 0x1p-20 + 2.0 * bound + 1024.0
+          < (double)mk - fabs((double)mk) * 0x1p-20))
+        return h;
+    return c;
 }
 
 /*

@@ -131,7 +131,15 @@ typedef struct {
                         const float *acc, float *M, double *L, float *A);
     void (*finish_rows)(const fa_attn_args *a, const fa_unit *u, int64_t Dvp, const float *M,
                         const double *L, const float *A, float *out, float *lse);
+    /* The largest magnitude among n elements of dtype dt, +inf if one is
+     * not finite. */
+    float (*max_abs)(const void *p, int dt, int64_t n);
 } fa_kernel_table;
+
+/* The end of item b's float key-padding span [l, h) for unit u without its
+ * trailing keys of exact zero weight (attention.c; shared by the variants'
+ * unit_bounds). */
+int64_t fa_zero_tail(const fa_attn_args *a, const fa_unit *u, int64_t b, int64_t l, int64_t h);
 
 extern const fa_kernel_table fa_kernels_generic;
 #if defined(FA_HAVE_X86_VARIANTS)

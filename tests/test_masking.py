@@ -346,6 +346,118 @@ def test_key_padding_mask_bits_equal_the_same_mask_row_by_row(rng, S, hole, kind
     assert_close(o, want)
 
 
+FMIN = float(np.finfo(np.float32).min)
+
+
+@pytest.mark.parametrize("case", [
+    "plain", "causal", "gqa-per-head", "softcap", "sinks", "f16-kv", "half-padded",
+    "nan-v-tail", "inf-v-tail", "nan-k-tail", "huge-k-tail-scale-0", "nan-q",
+    "window-in-tail", "all-padded", "huge-scores", "overflow", "alibi", "alibi-steep",
+    "segment-ids", "-65504", "big-additive"])
+def test_padding_tail_cut_keeps_the_bits_of_every_key(case):
+    # A float key-padding mask (B, 1, 1, S) whose padded keys carry
+    # finfo(float32).min (Hugging Face's form) skips its trailing padded keys
+    # where their weights are exact zeros for every row: the bits are those
+    # of the same mask given row by row (the general path, which computes
+    # every key). Each case below either takes the cut or must not (a NaN or
+    # an infinity behind the padding reaches the result through a zero
+    # weight; a window that sees only padding weighs it equally; scores or
+    # ALiBi biases as large as the padding value; segment ids move the rows'
+    # keys).
+    rng = np.random.default_rng(11)
+    B, H, Hkv, L, S, D = 3, 4, 4, 70, 150, 32
+    kw = {}
+    if case == "gqa-per-head":
+        Hkv = 2
+        kw["enable_gqa"] = True
+    q, k, v = qkv(rng, (B, H, L, D), (B, Hkv, S, D), (B, Hkv, S, D))
+    ends = np.array([S, 100, 37])
+    keep = np.arange(S) < ends[:, None, None, None]
+    shape = (B, H, 1, S) if case == "gqa-per-head" else (B, 1, 1, S)
+    if case == "gqa-per-head":
+        keep = keep & (np.arange(S) < 150 - 9 * np.arange(H)[:, None, None])
+    on = rng.standard_normal(shape) * (1e6 if case == "big-additive" else 1.0)
+    mask = np.where(np.broadcast_to(keep, shape), on, FMIN).astype(np.float32)
+    if case == "-65504":
+        mask[mask == FMIN] = -65504.0
+    if case == "half-padded":
+        mask[0, ..., 75:] = FMIN
+    if case == "all-padded":
+        mask[2] = FMIN
+    if case == "causal":
+        kw["is_causal"] = True
+    if case == "softcap":
+        kw["softcap"] = 5.0
+    if case == "sinks":
+        kw["sinks"] = rng.standard_normal(H).astype(np.float32)
+    if case == "alibi":
+        kw["alibi_slopes"] = (2.0 ** -np.arange(1, H + 1)).astype(np.float32)
+    if case == "alibi-steep":  # the bias of a far kept key below a near padded one
+        mask[mask == FMIN] = -65504.0
+        kw["alibi_slopes"] = np.full(H, 2e3, np.float32)
+    if case == "segment-ids":
+        kw["segment_ids"] = (np.arange(L) // 40, np.arange(S) // 40)
+    if case == "window-in-tail":
+        kw["window"] = (5, 0)  # the late rows see only padded keys (L < S: rows at S - L + i)
+    if case == "nan-v-tail":
+        v[1, :, 120, 3] = np.nan
+    if case == "inf-v-tail":
+        v[2, :, 140, 0] = np.inf
+    if case == "nan-k-tail":
+        k[1, :, 149, 7] = np.nan
+    if case == "huge-k-tail-scale-0":
+        k[2, :, 60, :] = 1e38  # q . k overflows: inf x 0 is NaN
+        kw["scale"] = 0.0
+    if case == "nan-q":
+        q[1, 2, 5, 0] = np.nan
+    if case == "huge-scores":  # a padded key's score beats the padding value
+        mask[mask == FMIN] = -65504.0
+        q = np.abs(q)
+        k[:, :, 120, :] = 2e4  # scale q . k about 9e4, for items 1 and 2 behind the padding
+    if case == "overflow":
+        q *= 1e17
+        k *= 1e19  # q . k beyond float32's largest
+    if case == "f16-kv":
+        k, v = k.astype(np.float16), v.astype(np.float16)
+    rows = np.broadcast_to(mask, (B, H, L, S)).copy()
+    with np.errstate(all="ignore"):
+        o, lse = sdpa(q, k, v, mask, return_lse=True, **kw)
+        o_rows, lse_rows = sdpa(q, k, v, rows, return_lse=True, **kw)
+    assert_same_bits(o, o_rows)
+    assert_same_bits(lse, lse_rows)
+    if case == "nan-v-tail":  # 0 x NaN: the rows that see the key are NaN
+        assert np.isnan(o[1, :, :, 3]).all() and not np.isnan(o[0]).any()
+    if case == "all-padded":  # equal weights: the mean of the value rows
+        assert_close(o[2], np.broadcast_to(v[2].astype(np.float64).mean(axis=1, keepdims=True),
+                                           o[2].shape))
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("poison", [False, True])
+def test_padding_tail_cut_in_units_split_over_threads(threads, poison):
+    # One head of 40 queries over 5000 keys: its unit is split into key
+    # chunks over the threads, and each chunk checks only its own part of
+    # the padded tail (a NaN value behind the padding, in a middle chunk,
+    # must still reach every row). The bits are those of the mask given row
+    # by row, for every thread count.
+    rng = np.random.default_rng(12)
+    q, k, v = qkv(rng, (1, 1, 40, 64), (1, 1, 5000, 64), (1, 1, 5000, 64))
+    mask = np.zeros((1, 1, 1, 5000), np.float32)
+    mask[..., 3500:] = FMIN
+    if poison:
+        v[0, 0, 3600, 5] = np.nan
+    rows = np.broadcast_to(mask, (1, 1, 40, 5000)).copy()
+    fastattn.set_num_threads(threads)
+    try:
+        o, lse = sdpa(q, k, v, mask, return_lse=True)
+        o_rows, lse_rows = sdpa(q, k, v, rows, return_lse=True)
+    finally:
+        fastattn.set_num_threads(None)
+    assert_same_bits(o, o_rows)
+    assert_same_bits(lse, lse_rows)
+    assert np.isnan(o[..., 5]).all() == poison and not np.isnan(o[..., 4]).any()
+
+
 @pytest.mark.parametrize("kind", ["bool", "float"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_per_head_padding_mask_under_grouped_heads_bits_equal_row_by_row(kind, causal):

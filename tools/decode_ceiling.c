@@ -24,6 +24,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels_only.h"
+
 /* x's bits (its top 16: x as bfloat16, exact for these values) */
 static uint32_t bits_of(float x)
 {

@@ -36,6 +36,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "kernels_only.h"
+
 #define ROWS 96 /* one unit's rows (FA_BQ_IN_PLACE) */
 
 static void *buffer(size_t floats)
