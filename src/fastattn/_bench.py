@@ -649,10 +649,11 @@ def options_grid(repeat=3, L=4096, heads=8, D=128, threads=2, out=None):
     batch. Each group ends with its floor, the same work as contiguous
     separate problems (the documents as one batch; each sequence's own
     arrays), which no packed form can beat by more than its layout's cost:
-    the padded batch over that floor bounds varlen's gain. Each group of calls compared runs in turn over max(7, repeat)
-    rounds (ratios_alternated): a row's time is its median, its ratio the
-    median of the per-round ratios. Prints (seconds, ratio) rows; returns
-    them as a list."""
+    the padded batch over that floor bounds varlen's gain. Each group of
+    calls compared runs in turn over max(7, repeat) rounds
+    (ratios_alternated): a row's time is its median, its ratio the median of
+    the per-round ratios. Prints (seconds, ratio) rows; returns them as a
+    list."""
     out = sys.stdout if out is None else out
     rounds = max(7, repeat)
     fastattn.set_num_threads(threads)
