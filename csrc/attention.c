@@ -418,12 +418,12 @@ static void unit_keys(const fa_attn_args *a, const fa_unit *u, int64_t *lo, int6
 int64_t fa_zero_tail(const fa_attn_args *a, const fa_unit *u, int64_t b, int64_t l, int64_t h)
 {
     const float *mrow = a->float_mask + a->mask_off[b];
-    const int64_t ms = a->mask_ss, nr = u->nh * u->nq, D = a->D;
+    const int64_t ms = a->mask_ss, D = a->D;
     float mk = -INFINITY, mt = -INFINITY;
     float qmax = 0.0f, kmax = 0.0f;
     double dot, bound;
     const fa_kernel_table *kern = fa_active_kernels();
-    int64_t j, jk = l, c, r, s0, e, lo_u, hi_u;
+    int64_t i, j, jk = l, c, s0, e, lo_u, hi_u;
     if (a->win_left >= 0 || a->seg_q || h <= l || u->nq < 16)
         return h;
     for (j = l; j < h; j++) {
@@ -448,12 +448,10 @@ int64_t fa_zero_tail(const fa_attn_args *a, const fa_unit *u, int64_t b, int64_t
     e = hi_u < h ? hi_u : h; /* the tail's keys [s0, e) that the unit may see */
     if (s0 >= e)
         return h;
-    for (r = 0; r < nr; r++) /* (the unit's rows of item b) */
-        if (u->b0 + r / u->nq == b) {
-            const float x = kern->max_abs(a->q + a->q_off[b] + (u->i0 + r % u->nq) * a->q_rs,
-                                          FA_DTYPE_F32, D);
-            qmax = x > qmax ? x : qmax;
-        }
+    for (i = u->i0; i < u->i0 + u->nq; i++) { /* the unit's rows of item b */
+        const float x = kern->max_abs(a->q + a->q_off[b] + i * a->q_rs, FA_DTYPE_F32, D);
+        qmax = x > qmax ? x : qmax;
+    }
     for (j = s0 - 1; j < e; j++) { /* (j = s0 - 1: the key of mk first) */
         const float x = kern->max_abs(fa_kv_tile(a, b, 0, j == s0 - 1 ? jk : j), a->k_dtype, D);
         kmax = x > kmax ? x : kmax;
