@@ -154,8 +154,86 @@ static int valid_dtype(int dt)
     return dt == FA_DTYPE_F32 || dt == FA_DTYPE_F16 || dt == FA_DTYPE_BF16;
 }
 
-static int check_args(const fa_attn_args *a, int nthreads)
+/* No array is this many elements long: every sum of offsets and strides
+ * that in_span forms from terms within it stays far inside int64. */
+#define FA_REACH ((int64_t)1 << 60)
+
+/* Adds (n - 1) st to [*lo, *hi] (nothing for n <= 1); 0 where it is beyond
+ * FA_REACH. */
+static int reach(int64_t *lo, int64_t *hi, int64_t n, int64_t st)
 {
+    if (n <= 1 || st == 0)
+        return 1;
+    if (st > FA_REACH / (n - 1) || st < -(FA_REACH / (n - 1)))
+        return 0;
+    if (st < 0)
+        *lo += (n - 1) * st;
+    else
+        *hi += (n - 1) * st;
+    return 1;
+}
+
+/* 1 if the elements off + i st1 + j st2 + [0, width) for i < n1, j < n2 all
+ * lie in s (trivially when there are none). */
+static int in_span(fa_span s, int64_t off, int64_t n1, int64_t st1, int64_t n2, int64_t st2,
+                   int64_t width)
+{
+    int64_t lo = off, hi = off;
+    if (n1 <= 0 || n2 <= 0 || width <= 0)
+        return 1;
+    if (off < -FA_REACH || off > FA_REACH || width > FA_REACH || !reach(&lo, &hi, n1, st1)
+        || !reach(&lo, &hi, n2, st2))
+        return 0;
+    return lo >= s.lo && hi + width <= s.hi;
+}
+
+/* 1 if every element that batch item b touches lies in its array's span
+ * (see "Bounds" in fastattn.h); weights: the output is the L x S weights,
+ * and v is not read; with_lse: lse is written. */
+static int item_in_bounds(const fa_attn_args *a, int64_t b, int weights, int with_lse)
+{
+    const int64_t L = a->L, S = a->S;
+    if (!in_span(a->q_span, a->q_off[b], L, a->q_rs, 1, 0, a->D))
+        return 0;
+    if (a->o_off && !weights) {
+        if (!in_span(a->out_span, a->o_off[b], L, a->o_rs, 1, 0, a->Dv))
+            return 0;
+        if (with_lse && !in_span(a->lse_span, a->lse_off[b], L, a->lse_rs, 1, 0, 1))
+            return 0;
+    }
+    if (S == 0)
+        return 1;
+    if (a->block_table) {
+        /* the item's entries, then its rows of every page there is */
+        const int64_t bs = a->block_size, rows = S < bs ? S : bs;
+        const int64_t pages = (S + bs - 1) / bs;
+        if (a->bt_off[b] < 0 || a->bt_off[b] > a->bt_len - pages)
+            return 0;
+        if (!in_span(a->k_span, a->k_off[b], rows, a->k_rs, a->num_pages, a->k_ps, a->D))
+            return 0;
+        if (!weights && !in_span(a->v_span, a->v_off[b], rows, a->v_rs, a->num_pages, a->v_ps,
+                                 a->Dv))
+            return 0;
+    } else {
+        if (!in_span(a->k_span, a->k_off[b], S, a->k_rs, 1, 0, a->D))
+            return 0;
+        if (!weights && !in_span(a->v_span, a->v_off[b], S, a->v_rs, 1, 0, a->Dv))
+            return 0;
+    }
+    if (a->mask_kind != FA_MASK_NONE
+        && !in_span(a->mask_span, a->mask_off[b], L, a->mask_sl, S, a->mask_ss, 1))
+        return 0;
+    if (a->seg_q && (!in_span(a->seg_q_span, a->seg_q_off[b], L, a->seg_q_sl, 1, 0, 1)
+                     || !in_span(a->seg_k_span, a->seg_k_off[b], S, a->seg_k_ss, 1, 0, 1)))
+        return 0;
+    return 1;
+}
+
+/* The checks every entry point makes before any work: the arguments' domains,
+ * then the bounds of every array (see "Bounds" in fastattn.h). */
+static int check_args(const fa_attn_args *a, int nthreads, int weights, int with_lse)
+{
+    int64_t b, rows;
     if (!a || nthreads < 1)
         return FA_ERR_ARG;
     if (a->nbatch < 0 || a->L < 0 || a->S < 0 || a->D < 1 || a->Dv < 0)
@@ -168,19 +246,9 @@ static int check_args(const fa_attn_args *a, int nthreads)
     }
     if (!valid_dtype(a->k_dtype) || !valid_dtype(a->v_dtype))
         return FA_ERR_ARG;
-    if (a->block_table && a->nbatch > 0 && a->L > 0 && a->S > 0) {
-        /* every page a row j < S lies in exists; a tile never straddles pages */
-        const int64_t pages = (a->S + a->block_size - 1) / (a->block_size > 0 ? a->block_size : 1);
-        int64_t b, p;
-        if (a->block_size < FA_BK || a->block_size % FA_BK != 0 || !a->bt_off)
-            return FA_ERR_ARG;
-        for (b = 0; b < a->nbatch; b++)
-            for (p = 0; p < pages; p++) {
-                const int32_t pg = a->block_table[a->bt_off[b] + p];
-                if (pg < 0 || pg >= a->num_pages)
-                    return FA_ERR_ARG;
-            }
-    }
+    if (a->block_table && a->nbatch > 0 && a->L > 0 && a->S > 0
+        && (a->block_size < FA_BK || a->block_size % FA_BK != 0 || !a->bt_off))
+        return FA_ERR_ARG; /* a tile never straddles pages */
     if (a->mask_kind != FA_MASK_NONE && a->mask_kind != FA_MASK_BOOL
         && a->mask_kind != FA_MASK_FLOAT)
         return FA_ERR_ARG;
@@ -196,6 +264,31 @@ static int check_args(const fa_attn_args *a, int nthreads)
             return FA_ERR_ARG;
         if (a->mask_kind == FA_MASK_BOOL ? !a->bool_mask : !a->float_mask)
             return FA_ERR_ARG;
+    }
+    if (a->nbatch == 0 || a->L == 0)
+        return FA_OK;
+    /* bounds: the per-item arrays, the output, then each item's elements */
+    if ((a->alibi_slopes && a->slopes_len < a->nbatch) || (a->sinks && a->sinks_len < a->nbatch))
+        return FA_ERR_ARG;
+    if (a->nbatch > FA_REACH / a->L)
+        return FA_ERR_ARG;
+    rows = a->nbatch * a->L;
+    if (weights ? !in_span(a->out_span, 0, rows, a->S, 1, 0, a->S)
+                : !a->o_off && (!in_span(a->out_span, 0, rows, a->Dv, 1, 0, a->Dv)
+                                || (with_lse && !in_span(a->lse_span, 0, rows, 1, 1, 0, 1))))
+        return FA_ERR_ARG;
+    for (b = 0; b < a->nbatch; b++)
+        if (!item_in_bounds(a, b, weights, with_lse))
+            return FA_ERR_ARG;
+    if (a->block_table && a->S > 0) { /* every page a row j < S lies in exists */
+        const int64_t pages = (a->S + a->block_size - 1) / a->block_size;
+        int64_t p;
+        for (b = 0; b < a->nbatch; b++)
+            for (p = 0; p < pages; p++) {
+                const int64_t pg = a->block_table[a->bt_off[b] + p];
+                if (pg < 0 || pg >= a->num_pages)
+                    return FA_ERR_ARG;
+            }
     }
     return FA_OK;
 }
@@ -847,11 +940,13 @@ static int run_problems(const fa_attn_args *a, int64_t nprob, float *out, float 
 
 int fa_sdpa_f32(const fa_attn_args *a, float *out, float *lse, int nthreads)
 {
-    int status = check_args(a, nthreads);
+    int status = check_args(a, nthreads, 0, lse != NULL);
     if (status != FA_OK)
         return status;
     if (!out && a->nbatch > 0 && a->L > 0 && a->Dv > 0)
         return FA_ERR_ARG;
+    if (a->Dv == 0 && !lse)
+        return FA_OK; /* nothing to write */
     return run_problems(a, 1, out, lse, NULL, nthreads);
 }
 
@@ -873,7 +968,7 @@ int fa_attention_weights_f32(const fa_attn_args *a, float *weights, int nthreads
         w.v_ps = w.k_ps;
         w.v_dtype = w.k_dtype;
     }
-    status = check_args(&w, nthreads);
+    status = check_args(&w, nthreads, 1, 0);
     if (status != FA_OK)
         return status;
     if (w.S == 0)
@@ -919,7 +1014,7 @@ int fa_varlen_f32(const fa_attn_args *a, int64_t nseq, const int64_t *cu_q,
         q->lse_off = a->lse_off + at;
         q->alibi_slopes = a->alibi_slopes ? a->alibi_slopes + at : NULL;
         q->sinks = a->sinks ? a->sinks + at : NULL;
-        status = check_args(q, nthreads);
+        status = check_args(q, nthreads, 0, lse != NULL);
     }
     if (status == FA_OK)
         status = run_problems(sa, nseq, out, lse, NULL, nthreads);

@@ -376,7 +376,7 @@ static inline int64_t fa_kv_room(const fa_attn_args *a, int v, int64_t b, int64_
     if (nk != FA_BK)
         return 0;
     if (a->block_table) {
-        const int32_t *bt = a->block_table + a->bt_off[b];
+        const int64_t *bt = a->block_table + a->bt_off[b];
         const int64_t bs = a->block_size, run = bs * (v ? a->v_rs : a->k_rs);
         int64_t pg = j0 / bs;
         end = (pg + 1) * bs;

@@ -44,6 +44,13 @@ int fa_rowwise_f32(const float *x, float *out, int64_t nrows, int64_t n, int op,
 #define FA_DTYPE_F16 1  /* IEEE 754 binary16 (numpy.float16), as uint16 bits */
 #define FA_DTYPE_BF16 2 /* bfloat16 (the top 16 bits of a float32), as uint16 bits */
 
+/* The elements [lo, hi) of an array that a call may touch, counted (in its
+ * elements) from the element its offsets count from: negative strides reach
+ * below it, so lo may be negative. An empty array is {0, 0}. */
+typedef struct {
+    int64_t lo, hi;
+} fa_span;
+
 /*
  * Scaled dot-product attention over nbatch independent (L, S) problems.
  *
@@ -74,6 +81,12 @@ int fa_rowwise_f32(const float *x, float *out, int64_t nrows, int64_t n, int op,
  * along S: each row's allowed keys are then one range, found by bisection, and
  * the tiles outside it are skipped. With sinks, row i of item b has one more
  * key, of score sinks[b] and value 0, in its softmax and lse.
+ *
+ * Bounds: the *_span fields give the extent of each array (and bt_len,
+ * slopes_len, sinks_len the entries of the 1-d ones). Before any work every
+ * element the call will touch -- from every batch item's offsets, strides,
+ * lengths, page numbers and (packed batches) sequence offsets -- is checked
+ * to lie inside them; a violation is FA_ERR_ARG, never an access.
  */
 typedef struct {
     int64_t nbatch, L, S, D, Dv;
@@ -85,7 +98,7 @@ typedef struct {
     const int64_t *k_off;
     const int64_t *v_off;
     int64_t q_rs, k_rs, v_rs;  /* row strides along L (q) and S (k, v) */
-    const int32_t *block_table; /* NULL: k and v are not paged */
+    const int64_t *block_table; /* NULL: k and v are not paged */
     const int64_t *bt_off;     /* per batch item: the start of its row of block_table */
     int64_t block_size, num_pages;
     int64_t k_ps, v_ps;        /* page strides */
@@ -113,6 +126,10 @@ typedef struct {
     const int64_t *o_off;
     const int64_t *lse_off;
     int64_t o_rs, lse_rs;
+    /* Extents of the arrays (see "Bounds" above). out_span is that of the
+     * output (the weights for fa_attention_weights_f32), lse_span that of lse. */
+    fa_span q_span, k_span, v_span, mask_span, seg_q_span, seg_k_span, out_span, lse_span;
+    int64_t bt_len, slopes_len, sinks_len;
 } fa_attn_args;
 
 /* out: nbatch * L * Dv floats (row-major); lse: nbatch * L floats or NULL. */

@@ -410,7 +410,7 @@ def test_masked_arrays_are_refused():
     q = da.zeros((2, 8, 4), chunks=(1, 4, -1), dtype=np.float32)
     sdpa = fdask.scaled_dot_product_attention
     ids = np.ma.masked_array(np.arange(8) // 3, mask=np.arange(8) % 2 == 0)
-    with pytest.raises(TypeError, match="q_ids must be a plain array, not a masked array"):
+    with pytest.raises(TypeError, match="segment_ids must be a plain array, not a masked array"):
         sdpa(q, q, q, segment_ids=ids)
     with pytest.raises(TypeError, match="alibi_slopes must be a plain array"):
         sdpa(q, q, q, alibi_slopes=np.ma.masked_array([0.5, 1.0], mask=[False, True]))
@@ -428,7 +428,7 @@ def test_bad_score_options():
         sdpa(q, k, v, alibi_slopes=np.ones(3))
     with pytest.raises(TypeError, match="sinks must have a real floating dtype"):
         sdpa(q, k, v, sinks=np.ones(2, np.int32))
-    with pytest.raises(TypeError, match="q_ids must have an integer dtype"):
+    with pytest.raises(TypeError, match=r"segment_ids\[0\] \(q_ids\) must have an integer dtype"):
         sdpa(q, k, v, segment_ids=np.zeros((2, 8)))
     with pytest.raises(ValueError, match="does not broadcast"):
         sdpa(q, k, v, segment_ids=(np.zeros((2, 8), int), np.zeros((2, 7), int)))

@@ -458,12 +458,12 @@ def test_paged_cache_bad_tables(rng):
     with pytest.raises(ValueError, match="multiple of 64"):
         _paged_sdpa(q, k_cache[:, :48], k_cache[:, :48], np.array([[0]]), 10)
     # the kernel checks the table itself too (the private core entry)
-    with pytest.raises(ValueError, match="block_table"):
+    with pytest.raises(ValueError, match="rejected its arguments"):
         _core.attention(q, k_cache, k_cache, k_dtype=_core.DTYPE_F32, v_dtype=_core.DTYPE_F32,
                         q_off=np.zeros(2, np.int64), k_off=np.zeros(2, np.int64),
                         v_off=np.zeros(2, np.int64), q_rs=8, k_rs=16, v_rs=16, nbatch=2, L=1,
                         S=100, D=8, Dv=8, scale=1.0, out=np.zeros(16, np.float32), nthreads=1,
-                        block_table=np.array([0, 9], np.int32), bt_off=np.zeros(2, np.int64),
+                        block_table=np.array([0, 9], np.int64), bt_off=np.zeros(2, np.int64),
                         block_size=64, num_pages=4, k_ps=64 * 16, v_ps=64 * 16)
 
 

@@ -370,8 +370,9 @@ def test_segment_ids_forms_and_dtypes(rng):
     q, k, v = qkv(rng, (2, 3, 12, 4), (2, 3, 12, 4), (2, 3, 12, 2))
     ids = np.repeat([0, 1, 2], 4)
     want = fastattn.scaled_dot_product_attention(q, k, v, segment_ids=(ids, ids))
-    for form in [ids, [ids, ids], ids.astype(np.int8), ids.astype(np.uint64),
-                 np.broadcast_to(ids, (2, 3, 12)), ids.reshape(1, 1, 12), ids.tolist()]:
+    for form in [ids, (ids, ids), ids.astype(np.int8), ids.astype(np.uint64),
+                 np.broadcast_to(ids, (2, 3, 12)), ids.reshape(1, 1, 12), ids.tolist(),
+                 [[ids.tolist()] * 3] * 2]:
         assert_same_bits(fastattn.scaled_dot_product_attention(q, k, v, segment_ids=form), want)
     # uint64 ids beyond int64 and negative ids are ids like any other
     big = np.array([2**64 - 1] * 6 + [2**63] * 6, np.uint64)

@@ -27,9 +27,10 @@ from fastattn._validate import (
     attention_inputs,
     check_out,
     check_window_size,
+    foreign_keywords,
     merge_inputs,
     normalize_axis,
-    option_operands,
+    new_array,
     varlen_inputs,
 )
 
@@ -210,10 +211,10 @@ def _rowwise(x, axis, out, op, keepdims=False):
     nrows = math.prod(rows.shape[:-1])
     if op == _core.OP_LOGSUMEXP or last:
         # The result's memory order is that of `rows`: write it in place.
-        result = out if out is not None else np.empty(shape, np.float32)
+        result = out if out is not None else new_array(shape, "the result")
         _core.rowwise(rows.reshape(-1), result.reshape(-1), nrows, n, op, get_num_threads())
         return result
-    tmp = np.empty(rows.shape, np.float32)
+    tmp = new_array(rows.shape, "the result")
     _core.rowwise(rows.reshape(-1), tmp.reshape(-1), nrows, n, op, get_num_threads())
     moved = np.moveaxis(tmp, -1, ax)
     if out is None:
@@ -222,6 +223,7 @@ def _rowwise(x, axis, out, op, keepdims=False):
     return out
 
 
+@foreign_keywords
 def softmax(x: ArrayLike, axis: int = -1, *,
             out: Optional[NDArray[np.float32]] = None) -> NDArray[np.float32]:
     """Numerically stable softmax along an axis.
@@ -262,6 +264,7 @@ def softmax(x: ArrayLike, axis: int = -1, *,
     return _rowwise(x, axis, out, _core.OP_SOFTMAX)
 
 
+@foreign_keywords
 def log_softmax(x: ArrayLike, axis: int = -1, *,
                 out: Optional[NDArray[np.float32]] = None) -> NDArray[np.float32]:
     """Numerically stable log of the softmax along an axis.
@@ -295,6 +298,7 @@ def log_softmax(x: ArrayLike, axis: int = -1, *,
     return _rowwise(x, axis, out, _core.OP_LOG_SOFTMAX)
 
 
+@foreign_keywords
 def logsumexp(x: ArrayLike, axis: int = -1, *, keepdims: bool = False,
               out: Optional[NDArray[np.float32]] = None) -> NDArray[np.float32]:
     """Numerically stable ``log(sum(exp(x)))`` along an axis.
@@ -393,8 +397,8 @@ def _run_attention(a, result, lse=None, weights=False, alibi_shift=0):
     alibi_shift: added to each query's position in ALiBi's |p - j| (a block
     of a longer sequence: fastattn.dask)."""
     nbatch = math.prod(a.batch)
-    if nbatch == 0:
-        return
+    if result.size == 0 and (lse is None or lse.size == 0):
+        return  # (no batch item has a row to write: no offsets to make either)
     flat_mask, mask_off, mask_sl, mask_ss = None, None, 0, 0
     if a.mask is not None:
         mask_off, mask_sl, mask_ss = _layout(a.mask, a.batch)
@@ -462,7 +466,9 @@ def _paged_sdpa(q, k_cache, v_cache, block_table, seqlen, *, is_causal=False, wi
         raise ValueError(f"q's heads ({Hq}) must be a multiple of the cache's ({Hkv})")
     if bs % PAGE_MULTIPLE != 0:
         raise ValueError(f"block_size must be a multiple of {PAGE_MULTIPLE}, got {bs}")
-    table = aligned(np.ascontiguousarray(block_table, dtype=np.int32))
+    # (a private copy: the kernels read it with the GIL released, after the
+    # checks below, so no other thread may rewrite it meanwhile)
+    table = np.array(block_table, dtype=np.int64, order="C")
     S = int(seqlen)
     pages = -(-S // bs)
     if table.ndim != 2 or table.shape[0] != B or table.shape[1] < pages or S < 0:
@@ -471,11 +477,11 @@ def _paged_sdpa(q, k_cache, v_cache, block_table, seqlen, *, is_causal=False, wi
     used = table[:, :pages]
     if used.size and (used.min() < 0 or used.max() >= P):
         raise ValueError(f"block_table points outside the cache's {P} pages")
-    left, right = check_window(window)
+    left, right = check_window(window, L + S)
     scale = check_scale(scale, D)
     group = Hq // Hkv
-    out = np.empty((B, Hq, L, Dv), np.float32)
-    lse = np.empty((B, Hq, L), np.float32) if return_lse else None
+    out = new_array((B, Hq, L, Dv), "the output")
+    lse = new_array((B, Hq, L), "lse") if return_lse else None
     if B * Hq and L:
         k_arr, k_dtype = _kv_operand(k_cache)
         v_arr, v_dtype = _kv_operand(v_cache)
@@ -489,8 +495,8 @@ def _paged_sdpa(q, k_cache, v_cache, block_table, seqlen, *, is_causal=False, wi
             scale=scale, out=out.reshape(-1), nthreads=get_num_threads(),
             lse=None if lse is None else lse.reshape(-1),
             is_causal=as_bool(is_causal, "is_causal"),
-            win_left=-1 if left is None else min(left, L + S),
-            win_right=-1 if right is None else min(right, L + S),
+            win_left=-1 if left is None else left,
+            win_right=-1 if right is None else right,
             block_table=table.reshape(-1),
             bt_off=_core.block_offsets((B, Hq), [table.shape[1], 0], 1), block_size=bs,
             num_pages=P, k_ps=kst[0], v_ps=vst[0],
@@ -575,8 +581,9 @@ _NEW_KEYWORDS = """softcap : float, optional
         the query ids are also non-decreasing and shared by every batch item
         and head, the blocks of query rows are also cut where a document
         starts, so that no block walks the keys of two documents (the same
-        bits). Other ids are checked key by key. A pair is a tuple, or a list
-        of two arrays."""
+        bits). Other ids are checked key by key. The pair must be a tuple:
+        a list (``[[0, 0, 1], [0, 1, 1]]``) is one array of ids, here those
+        of a batch of two, as NumPy reads it."""
 
 
 
@@ -595,14 +602,14 @@ def _sdpa(q, k, v, attn_mask, is_causal, window, scale, softcap, alibi_slopes, s
                          softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
                          segment_ids=segment_ids)
     shape = a.batch + (a.L, a.Dv)
+    return_lse = as_bool(return_lse, "return_lse")
     if out is not None:
         check_out(out, shape, [("q", q), ("k", k), ("v", v), ("attn_mask", attn_mask),
-                               ("q", a.q), ("k", a.k), ("v", a.v), ("attn_mask", a.mask)]
-                  + option_operands(alibi_slopes, sinks, segment_ids, a))
+                               ("alibi_slopes", alibi_slopes), ("sinks", sinks),
+                               ("segment_ids", segment_ids)] + a.arrays())
     else:
-        out = np.empty(shape, np.float32)
-    return_lse = as_bool(return_lse, "return_lse")
-    lse = np.empty(a.batch + (a.L,), np.float32) if return_lse else None
+        out = new_array(shape, "the output")
+    lse = new_array(a.batch + (a.L,), "lse") if return_lse else None
     _run_attention(a, out, lse, alibi_shift=alibi_shift)
     return (out, lse) if return_lse else out
 
@@ -635,6 +642,7 @@ def scaled_dot_product_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike,
                                  enable_gqa: bool = ..., return_lse: bool = ...,
                                  out: Optional[Float32Array] = ...) -> AttentionResult: ...
 
+@foreign_keywords
 def scaled_dot_product_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike,
                                  attn_mask: Optional[ArrayLike] = None, *,
                                  is_causal: bool = False, window: Window = None,
@@ -809,6 +817,7 @@ def causal_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike,
                      return_lse: bool = ...,
                      out: Optional[Float32Array] = ...) -> AttentionResult: ...
 
+@foreign_keywords
 def causal_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike,
                      attn_mask: Optional[ArrayLike] = None, *, window: Window = None,
                      scale: Optional[float] = None, softcap: Optional[float] = None,
@@ -875,6 +884,7 @@ def sliding_window_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, window_si
                              enable_gqa: bool = ..., return_lse: bool = ...,
                              out: Optional[Float32Array] = ...) -> AttentionResult: ...
 
+@foreign_keywords
 def sliding_window_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, window_size: int,
                              attn_mask: Optional[ArrayLike] = None, *, is_causal: bool = False,
                              scale: Optional[float] = None, softcap: Optional[float] = None,
@@ -928,6 +938,7 @@ def sliding_window_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, window_si
                  alibi_slopes, sinks, segment_ids, enable_gqa, return_lse, out)
 
 
+@foreign_keywords
 def attention_weights(q: ArrayLike, k: ArrayLike, attn_mask: Optional[ArrayLike] = None, *,
                       is_causal: bool = False, window: Window = None,
                       scale: Optional[float] = None, softcap: Optional[float] = None,
@@ -970,7 +981,7 @@ def attention_weights(q: ArrayLike, k: ArrayLike, attn_mask: Optional[ArrayLike]
     a = attention_inputs(q, k, None, attn_mask, is_causal, window, scale, enable_gqa,
                          with_v=False, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
                          segment_ids=segment_ids)
-    weights = np.zeros(a.batch + (a.L, a.S), np.float32)
+    weights = new_array(a.batch + (a.L, a.S), "the weights", fill=0.0)
     _run_attention(a, weights, weights=True)
     return weights
 
@@ -985,6 +996,7 @@ del _g
 # Packed variable-length batches
 
 
+@foreign_keywords
 def varlen_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: ArrayLike,
                      cu_seqlens_k: ArrayLike, *, is_causal: bool = False, window: Window = None,
                      scale: Optional[float] = None, softcap: Optional[float] = None,
@@ -1084,15 +1096,14 @@ def varlen_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: Arr
                       alibi_slopes, sinks)
     total_q = a.q.shape[0]
     shape = (total_q, a.Hq, a.Dv)
-    if out is not None:
-        check_out(out, shape, [("q", q), ("k", k), ("v", v), ("q", a.q), ("k", a.k),
-                               ("v", a.v), ("cu_seqlens_q", cu_seqlens_q),
-                               ("cu_seqlens_k", cu_seqlens_k)]
-                  + option_operands(alibi_slopes, sinks, a=a))
-    else:
-        out = np.empty(shape, np.float32)
     return_lse = as_bool(return_lse, "return_lse")
-    lse = np.empty((total_q, a.Hq), np.float32) if return_lse else None
+    if out is not None:
+        check_out(out, shape, [("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q),
+                               ("cu_seqlens_k", cu_seqlens_k), ("alibi_slopes", alibi_slopes),
+                               ("sinks", sinks)] + a.arrays())
+    else:
+        out = new_array(shape, "the output")
+    lse = new_array((total_q, a.Hq), "lse") if return_lse else None
     if a.B > 0 and total_q > 0 and a.Hq > 0:
         group = a.Hq // a.Hkv
 
@@ -1128,6 +1139,7 @@ def varlen_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: Arr
 # Merging partial results
 
 
+@foreign_keywords
 def merge_attention(outs: ArrayLike, lses: ArrayLike, *,
                     out: Optional[Float32Array] = None) -> WithLse:
     """Merge attention results computed over disjoint sets of keys.
@@ -1222,11 +1234,11 @@ def merge_attention(outs: ArrayLike, lses: ArrayLike, *,
     """
     parts, part_lses, shape = merge_inputs(outs, lses)
     if out is not None:
-        check_out(out, shape, [(f"outs[{p}]", a) for p, a in enumerate(parts)]
-                  + [(f"lses[{p}]", a) for p, a in enumerate(part_lses)])
+        check_out(out, shape, [("outs", parts), ("lses", part_lses), ("outs", outs),
+                               ("lses", lses)])
     else:
-        out = np.empty(shape, np.float32)
-    lse = np.empty(shape[:-1], np.float32)
+        out = new_array(shape, "the output")
+    lse = new_array(shape[:-1], "lse")
     _core.merge([a.reshape(-1) for a in parts], [a.reshape(-1) for a in part_lses],
                 math.prod(shape[:-1]), shape[-1], out.reshape(-1), lse.reshape(-1),
                 get_num_threads())

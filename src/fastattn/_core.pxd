@@ -16,6 +16,9 @@ cdef extern from "fastattn.h" nogil:
     int FA_DTYPE_F16
     int FA_DTYPE_BF16
 
+    ctypedef struct fa_span:
+        int64_t lo, hi
+
     ctypedef struct fa_attn_args:
         int64_t nbatch, L, S, D, Dv
         const float *q
@@ -26,7 +29,7 @@ cdef extern from "fastattn.h" nogil:
         const int64_t *k_off
         const int64_t *v_off
         int64_t q_rs, k_rs, v_rs
-        const int32_t *block_table
+        const int64_t *block_table
         const int64_t *bt_off
         int64_t block_size, num_pages
         int64_t k_ps, v_ps
@@ -51,6 +54,8 @@ cdef extern from "fastattn.h" nogil:
         const int64_t *o_off
         const int64_t *lse_off
         int64_t o_rs, lse_rs
+        fa_span q_span, k_span, v_span, mask_span, seg_q_span, seg_k_span, out_span, lse_span
+        int64_t bt_len, slopes_len, sinks_len
 
     int fa_rowwise_f32(const float *x, float *out, int64_t nrows, int64_t n, int op,
                        int nthreads)

@@ -14,7 +14,7 @@ from cpython.buffer cimport (PyBUF_FORMAT, PyBUF_STRIDES, PyBUF_WRITABLE, PyBuff
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.float cimport FLT_MAX
 from libc.math cimport fabs, isfinite, sqrt
-from libc.stdint cimport INT64_MAX, int32_t, int64_t, intptr_t, uint8_t, uintptr_t
+from libc.stdint cimport INT64_MAX, int64_t, intptr_t, uint8_t, uintptr_t
 from libc.string cimport memset
 
 import numpy as np
@@ -45,6 +45,37 @@ cdef inline const int64_t *_iptr(const int64_t[::1] a) noexcept nogil:
     return &a[0] if a.shape[0] > 0 else NULL
 
 
+cdef inline fa_span _span(int64_t n) noexcept nogil:
+    """The span of a 1-d contiguous array of n elements."""
+    cdef fa_span s
+    s.lo = 0
+    s.hi = n
+    return s
+
+
+cdef fa_span _buffer_span(Py_buffer *view) noexcept:
+    """The elements [lo, hi) a strided buffer spans around view.buf, in its
+    items (strides that are not whole items count as the items they reach
+    into); {0, 0} when it is empty."""
+    cdef fa_span s
+    cdef Py_ssize_t i, step
+    cdef int64_t below = 0, above = 0, size = view.itemsize
+    s.lo = 0
+    s.hi = 0
+    for i in range(view.ndim):
+        if view.shape[i] == 0:
+            return s
+    for i in range(view.ndim):
+        step = (view.shape[i] - 1) * view.strides[i]
+        if step < 0:
+            below += step
+        else:
+            above += step
+    s.lo = -((-below + size - 1) // size)
+    s.hi = above // size + 1
+    return s
+
+
 OP_SOFTMAX = FA_OP_SOFTMAX
 OP_LOG_SOFTMAX = FA_OP_LOG_SOFTMAX
 OP_LOGSUMEXP = FA_OP_LOGSUMEXP
@@ -54,6 +85,10 @@ def rowwise(const float[::1] x, float[::1] out, int64_t nrows, int64_t n, int op
             int nthreads):
     """op over nrows contiguous rows of length n of x, into out."""
     cdef int status
+    if nrows < 0 or n < 0 or (n > 0 and nrows > INT64_MAX // n):
+        raise ValueError("rowwise: bad sizes")
+    if x.shape[0] < nrows * n or out.shape[0] < (nrows if op == FA_OP_LOGSUMEXP else nrows * n):
+        raise ValueError("rowwise: x or out is smaller than its rows")
     with nogil:
         status = fa_rowwise_f32(_fptr(x), _wptr(out), nrows, n, op, nthreads)
     _check(status)
@@ -73,7 +108,15 @@ def block_offsets(tuple batch, strides, int64_t group):
     for i in range(nd):
         shp[i] = batch[i]
         st[i] = strides[i]
-        n *= shp[i]
+        if shp[i] < 0:
+            raise ValueError("block_offsets: bad arguments")
+        if shp[i] == 0:
+            n = 0
+        elif n > 0 and shp[i] > (INT64_MAX // 8) // n:
+            raise MemoryError(f"fastattn: a batch of shape {batch} has too many items "
+                              f"to hold one offset each")
+        else:
+            n *= shp[i]
     out = np.empty(n, dtype=np.int64)
     o = out
     for j in range(n):
@@ -144,7 +187,7 @@ def attention(q, k, v, *, int k_dtype, int v_dtype,
     mask is None, a 1-d uint8 array (bool mask) or a 1-d float32 array, with
     mask_off (per batch item), mask_sl and mask_ss (row and key strides).
     win_left, win_right: the window's sides, -1 unbounded.
-    Paged k and v: block_table (1-d int32), bt_off (int64 per batch item: the
+    Paged k and v: block_table (1-d int64), bt_off (int64 per batch item: the
     start of its row of block_table), block_size (a multiple of 64),
     num_pages (every entry used must be below it) and the page strides k_ps,
     v_ps: see fa_attn_args in csrc/fastattn.h. The kernel checks the table
@@ -169,7 +212,7 @@ def attention(q, k, v, *, int k_dtype, int v_dtype,
     cdef fa_attn_args a
     cdef const uint8_t[::1] bmask
     cdef const float[::1] fmask
-    cdef const int32_t[::1] bt_view
+    cdef const int64_t[::1] bt_view
     cdef const int64_t[::1] bt_off_view
     cdef const float[::1] slopes_view
     cdef const float[::1] sinks_view
@@ -199,6 +242,7 @@ def attention(q, k, v, *, int k_dtype, int v_dtype,
         bt_view = block_table
         bt_off_view = bt_off
         a.block_table = &bt_view[0] if bt_view.shape[0] > 0 else NULL
+        a.bt_len = bt_view.shape[0]
         a.bt_off = _iptr(bt_off_view)
         a.block_size = block_size
         a.num_pages = num_pages
@@ -217,10 +261,12 @@ def attention(q, k, v, *, int k_dtype, int v_dtype,
             bmask = mask
             a.mask_kind = FA_MASK_BOOL
             a.bool_mask = &bmask[0] if bmask.shape[0] > 0 else NULL
+            a.mask_span = _span(bmask.shape[0])
         else:
             fmask = mask
             a.mask_kind = FA_MASK_FLOAT
             a.float_mask = _fptr(fmask)
+            a.mask_span = _span(fmask.shape[0])
     a.is_causal = is_causal
     a.win_left = win_left
     a.win_right = win_right
@@ -239,13 +285,17 @@ def attention(q, k, v, *, int k_dtype, int v_dtype,
     if alibi_slopes is not None:
         slopes_view = alibi_slopes
         a.alibi_slopes = _fptr(slopes_view)
+        a.slopes_len = slopes_view.shape[0]
     if sinks is not None:
         sinks_view = sinks
         a.sinks = _fptr(sinks_view)
+        a.sinks_len = sinks_view.shape[0]
     if segments is not None:
         seg_q, seg_k, seg_q_off, seg_k_off = segments[:4]
         a.seg_q = _iptr(seg_q)
         a.seg_k = _iptr(seg_k)
+        a.seg_q_span = _span(seg_q.shape[0])
+        a.seg_k_span = _span(seg_k.shape[0])
         a.seg_q_off = _iptr(seg_q_off)
         a.seg_k_off = _iptr(seg_k_off)
         a.seg_q_sl = segments[4]
@@ -254,6 +304,8 @@ def attention(q, k, v, *, int k_dtype, int v_dtype,
     if lse is not None:
         lse_view = lse
         lse_ptr = _wptr(lse_view)
+        a.lse_span = _span(lse_view.shape[0])
+    a.out_span = _span(out.shape[0])
     if varlen is not None:
         cu_q, cu_k, o_off, lse_off = varlen[:4]
         nseq = cu_q.shape[0] - 1
@@ -274,6 +326,10 @@ def attention(q, k, v, *, int k_dtype, int v_dtype,
         a.q = <const float *>qb.buf
         a.k = kb.buf
         a.v = vb.buf if held == 3 else NULL
+        a.q_span = _buffer_span(&qb)
+        a.k_span = _buffer_span(&kb)
+        if held == 3:
+            a.v_span = _buffer_span(&vb)
         with nogil:
             if is_varlen:
                 status = fa_varlen_f32(&a, nseq, &cu_q[0], &cu_k[0], _wptr(out), lse_ptr,
@@ -289,9 +345,6 @@ def attention(q, k, v, *, int k_dtype, int v_dtype,
             PyBuffer_Release(&kb)
         if held >= 1:
             PyBuffer_Release(&qb)
-    if status == FA_ERR_ARG and block_table is not None:
-        raise ValueError("block_table: an entry is outside the cache's pages, or block_size "
-                         "is not a positive multiple of 64")
     _check(status)
 
 
@@ -299,6 +352,10 @@ def attention(q, k, v, *, int k_dtype, int v_dtype,
 # The plain call: attention's fast path for the common case
 
 cdef object _ndarray = np.ndarray
+# The most batch items sdpa_plain takes: its four offsets each fit a
+# PyMem_Malloc size (and anything near this size is refused by the result's
+# allocation anyway).
+cdef int64_t _MAX_ITEMS = (<int64_t>1) << 56
 cdef object _empty = np.empty
 cdef object _float32 = np.float32
 
@@ -506,9 +563,13 @@ def sdpa_plain(q, k, v, mask, is_causal, window, scale, enable_gqa, return_lse,
                     or not _window_side(window[0], L + S, &win_left)
                     or not _window_side(window[1], L + S, &win_right)):
                 return None
+        # (a batch too large for its offsets, e.g. a broadcast view of 2**60
+        # items, is left to the general path, whose checks name it)
         for i in range(nb - gqa):
             n = qb.shape[i]
             if n < 1 or kb.shape[i] not in (1, n) or vb.shape[i] not in (1, n):
+                return None
+            if n > _MAX_ITEMS // nbatch:
                 return None
             nbatch *= n
         if gqa:
@@ -517,6 +578,8 @@ def sdpa_plain(q, k, v, mask, is_causal, window, scale, enable_gqa, return_lse,
             if n < 1 or c < 1 or vb.shape[nb - 1] != c or n % c != 0:
                 return None
             group = n // c
+            if n > _MAX_ITEMS // nbatch:
+                return None
             nbatch *= n
         for i in range(nd):
             mst[i] = 0  # no mask: offsets of 0 (the loop below reads mst either way)
@@ -537,7 +600,7 @@ def sdpa_plain(q, k, v, mask, is_causal, window, scale, enable_gqa, return_lse,
                     if c != 1 and c != (S if i == nd - 1 else qb.shape[i]):
                         return None
                     mst[i] = mview[i - (nd - mnd)]
-        offs = <int64_t *>PyMem_Malloc(4 * nbatch * sizeof(int64_t) + 1)
+        offs = <int64_t *>PyMem_Malloc(4 * <size_t>nbatch * sizeof(int64_t) + 1)
         if offs == NULL:
             raise MemoryError("fastattn: could not allocate the batch offsets")
         # Item j of the batch (C order over q.shape[:-2]) starts at sum_i index_i *
@@ -575,6 +638,9 @@ def sdpa_plain(q, k, v, mask, is_causal, window, scale, enable_gqa, return_lse,
         a.q = <const float *>qb.buf
         a.k = kb.buf
         a.v = vb.buf
+        a.q_span = _buffer_span(&qb)
+        a.k_span = _buffer_span(&kb)
+        a.v_span = _buffer_span(&vb)
         a.k_dtype = k_dt
         a.v_dtype = v_dt
         a.q_off = offs
@@ -591,6 +657,7 @@ def sdpa_plain(q, k, v, mask, is_causal, window, scale, enable_gqa, return_lse,
             else:
                 a.float_mask = <const float *>mb.buf
             a.mask_off = offs + 3 * nbatch
+            a.mask_span = _buffer_span(&mb)
             a.mask_sl = mst[nd - 2]
             a.mask_ss = mst[nd - 1]
         a.is_causal = is_causal is True
@@ -601,8 +668,10 @@ def sdpa_plain(q, k, v, mask, is_causal, window, scale, enable_gqa, return_lse,
         a.scale = <float>sc
         PyObject_GetBuffer(out, &ob, PyBUF_WRITABLE)
         try:
+            a.out_span = _span(ob.len // 4)
             if lse is not None:
                 PyObject_GetBuffer(lse, &lb, PyBUF_WRITABLE)
+                a.lse_span = _span(lb.len // 4)
             try:
                 with nogil:
                     status = fa_sdpa_f32(&a, <float *>ob.buf,
@@ -630,6 +699,8 @@ def exp_diff(const float[::1] x, float m, float[::1] y):
     """y = exp(x - m) as the softmax kernels compute it (m finite, x <= m;
     selected SIMD variant), for the accuracy tests."""
     cdef int status
+    if y.shape[0] < x.shape[0]:
+        raise ValueError("y is shorter than x")
     with nogil:
         status = fa_exp_diff_f32(_fptr(x), m, _wptr(y), x.shape[0])
     _check(status)
@@ -638,6 +709,8 @@ def exp_diff(const float[::1] x, float m, float[::1] y):
 def exp2(const float[::1] x, float[::1] y):
     """y = 2**x with the attention kernels' exponential (selected SIMD variant)."""
     cdef int status
+    if y.shape[0] < x.shape[0]:
+        raise ValueError("y is shorter than x")
     with nogil:
         status = fa_exp2_f32(_fptr(x), _wptr(y), x.shape[0])
     _check(status)
@@ -646,6 +719,8 @@ def exp2(const float[::1] x, float[::1] y):
 def tanh(const float[::1] x, float[::1] y):
     """y = tanh(x) as the attention kernels soft-cap scores (selected SIMD variant)."""
     cdef int status
+    if y.shape[0] < x.shape[0]:
+        raise ValueError("y is shorter than x")
     with nogil:
         status = fa_tanh_f32(_fptr(x), _wptr(y), x.shape[0])
     _check(status)
@@ -696,6 +771,10 @@ def merge(list outs, list lses, int64_t nrows, int64_t Dv, float[::1] o, float[:
     cdef int status
     if len(lses) != P:
         raise ValueError("merge: outs and lses differ in length")
+    if nrows < 0 or Dv < 0 or (Dv > 0 and nrows > INT64_MAX // Dv):
+        raise ValueError("merge: bad sizes")
+    if o.shape[0] < nrows * Dv or lse.shape[0] < nrows:
+        raise ValueError("merge: o or lse is smaller than its rows")
     optr = <const float **>PyMem_Malloc((P + 1) * sizeof(float *))
     lptr = <const float **>PyMem_Malloc((P + 1) * sizeof(float *))
     try:
@@ -703,8 +782,12 @@ def merge(list outs, list lses, int64_t nrows, int64_t Dv, float[::1] o, float[:
             raise MemoryError("fastattn: merge could not allocate its pointer table")
         for p in range(P):
             view = outs[p]
+            if view.shape[0] < nrows * Dv:
+                raise ValueError(f"merge: outs[{p}] is smaller than its rows")
             optr[p] = _fptr(view)
             view = lses[p]
+            if view.shape[0] < nrows:
+                raise ValueError(f"merge: lses[{p}] is smaller than its rows")
             lptr[p] = _fptr(view)
         with nogil:
             status = fa_merge_f32(optr, lptr, P, nrows, Dv, _wptr(o), _wptr(lse), nthreads)

@@ -6,11 +6,14 @@ policy, axis normalisation, `out=` rules, and the shape rules of attention
 argument, what was seen and what was expected (the rules are stated in the
 user guide, docs/user_guide.rst).
 """
+import functools
+import inspect
 import math
 import numbers
 import operator
 import sys
-from typing import Any, Iterable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import (Any, Callable, Iterable, List, NamedTuple, Optional, Sequence, Tuple,
+                    TypeVar, cast)
 
 import numpy as np
 
@@ -20,6 +23,60 @@ except ImportError:  # pragma: no cover - older numpy
     from numpy import AxisError, TooHardError  # type: ignore[attr-defined,no-redef]
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Keywords of other libraries' attention and softmax functions that fastattn
+# names otherwise or does not have, with what to pass instead.
+_MASK_HINT = ("fastattn's name is attn_mask, as PyTorch's: a bool mask (True = may attend) or "
+              "a float mask added to the scores")
+_FOREIGN_KEYWORDS = {
+    "dropout_p": ("fastattn is for inference and has no dropout: leave dropout_p out "
+                  "(fastattn.flash_attn's functions take dropout_p=0.0, FlashAttention's "
+                  "signature)"),
+    "dim": "NumPy's name for it is axis: pass axis=",
+    "keepdim": "NumPy's name for it is keepdims: pass keepdims=",
+    "causal": "fastattn's name is is_causal, as PyTorch's: pass is_causal=",
+    "softmax_scale": "fastattn's name is scale, as PyTorch's: pass scale=",
+    "window_size": ("fastattn takes window=(left, right), each side an int >= 0 or None for "
+                    "unbounded (FlashAttention's -1); sliding_window_attention(q, k, v, "
+                    "window_size) takes a window size"),
+    "sliding_window": ("pass window=(sliding_window - 1, 0), or call "
+                       "sliding_window_attention(q, k, v, sliding_window)"),
+    "attention_mask": _MASK_HINT,
+    "mask": _MASK_HINT,
+    "attn_bias": _MASK_HINT,
+    "logits_soft_cap": "fastattn's name is softcap: pass softcap=",
+    "soft_cap": "fastattn's name is softcap: pass softcap=",
+    "return_softmax_lse": "pass return_lse=True",
+    "return_attn_probs": ("pass return_lse=True for the lse; attention_weights(q, k, ...) gives "
+                          "the weights"),
+}
+
+
+def foreign_keywords(func: F) -> F:
+    """`func`, whose TypeError for an unexpected keyword says what to pass
+    instead when the keyword is another library's name for a fastattn
+    argument (PyTorch's dim, FlashAttention's causal, dropout_p, ...).
+
+    Only an error of the call's own binding is reworded (one raised before
+    `func` ran: its traceback holds no frame of `func`); the signature,
+    docstring and annotations stay `func`'s."""
+    @functools.wraps(func)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except TypeError as exc:
+            tb = exc.__traceback__
+            if tb is None or tb.tb_next is not None or not kwargs:
+                raise
+            params = inspect.signature(func).parameters
+            for name in kwargs:
+                if name not in params and name in _FOREIGN_KEYWORDS:
+                    raise TypeError(f"{func.__name__}() got an unexpected keyword argument "
+                                    f"{name!r}: {_FOREIGN_KEYWORDS[name]}") from None
+            raise
+    return cast(F, call)
 
 
 def is_bfloat16(dtype):
@@ -52,8 +109,14 @@ def as_array(x: Any, name: str) -> np.ndarray:
     tensors, bfloat16 ones included (as an ``ml_dtypes.bfloat16`` view of the
     same memory). A tensor that requires grad is refused with a message naming
     the argument: fastattn computes no gradients, so it must be detached.
+    A ``numpy.ma.MaskedArray`` is refused (TypeError): its mask would be
+    ignored, so that masked entries would count as data.
     """
     if isinstance(x, np.ndarray):
+        if is_masked_array(x):
+            raise TypeError(f"{name} must be a plain array, not a masked array (its mask would "
+                            f"be ignored): pass numpy.ma.filled({name}, value), or express the "
+                            f"masked positions with attn_mask")
         return x
     if _is_torch_tensor(x):
         if x.requires_grad:
@@ -91,9 +154,6 @@ def is_half(dtype):
 
 def _real_array(x, name):
     """`x` as an ndarray of a real floating dtype (bfloat16 included); TypeError else."""
-    if is_masked_array(x):
-        raise TypeError(f"{name} must be a plain array, not a masked array (its mask would be "
-                        f"ignored): pass numpy.ma.filled({name}, value) or an attn_mask")
     arr = as_array(x, name)
     if arr.dtype.kind != "f" and not is_bfloat16(arr.dtype):
         raise TypeError(
@@ -199,26 +259,56 @@ def shares_memory(a: Any, b: Any) -> bool:
         return True
 
 
-def option_operands(alibi_slopes: Any, sinks: Any, segment_ids: Any = None,
-                    a: Any = None) -> List[Tuple[str, Any]]:
-    """(name, array) pairs of the score options' arrays that an `out=` must not
-    overlap: as the caller gave them and, from the validated inputs `a`, as the
-    kernels read them (a float32 array of the right shape is read in place)."""
-    ids = segment_ids if isinstance(segment_ids, tuple) else (segment_ids,)
-    ops = [("alibi_slopes", alibi_slopes), ("sinks", sinks)] + [("segment_ids", x) for x in ids]
-    if a is not None:
-        ops += [("alibi_slopes", a.alibi_slopes), ("sinks", a.sinks)]
-        seg = getattr(a, "segments", None)
-        if seg is not None:
-            ops += [("segment_ids", seg.q), ("segment_ids", seg.kv)]
-    return ops
+def _arrays_in(name: str, value: Any) -> Iterable[Tuple[str, np.ndarray]]:
+    """(name, ndarray) for the memory `value` holds as the caller gave it: an
+    ndarray itself; a torch tensor, an object with ``__array_interface__`` or
+    ``__dlpack__``, or a memoryview as the NumPy view of its memory; the items
+    of a list or tuple as ``name[i]``; nothing for None, scalars and strings
+    (anything else NumPy would copy, which no ``out`` can overlap)."""
+    if isinstance(value, np.ndarray):
+        yield name, value
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from _arrays_in(f"{name}[{i}]", item)
+    elif (value is not None and not isinstance(value, (numbers.Number, str, bytes))
+          and (_is_torch_tensor(value) or isinstance(value, memoryview)
+               or hasattr(value, "__array_interface__") or hasattr(value, "__dlpack__"))):
+        try:
+            arr = as_array(value, name)
+        except (TypeError, ValueError):  # (it was accepted as an argument: not reached)
+            return
+        yield name, arr
+
+
+def new_array(shape: Sequence[int], what: str, dtype: Any = np.float32,
+              fill: Optional[float] = None) -> np.ndarray:
+    """A new C-contiguous array of `shape` for a result (`fill`: its value, else
+    uninitialised). ValueError naming `what` and the shape when its size is
+    beyond what this platform can address (NumPy's own message names
+    neither), MemoryError naming them when the memory cannot be had."""
+    shape = tuple(int(n) for n in shape)
+    nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+    if nbytes > sys.maxsize:
+        raise ValueError(f"{what} of shape {shape} would take {nbytes} bytes, more than this "
+                         f"platform can address")
+    try:
+        if fill is None:
+            return np.empty(shape, dtype)
+        return np.full(shape, fill, dtype)
+    except MemoryError:
+        raise MemoryError(f"{what} of shape {shape} ({nbytes / 2**30:.3g} GiB) could not be "
+                          f"allocated") from None
 
 
 def check_out(out: Any, shape: Sequence[int], inputs: Iterable[Tuple[str, Any]]) -> None:
     """Check an `out=` array before anything is written: a writeable, C-contiguous
     float32 ndarray of exactly `shape`, overlapping no input.
 
-    `inputs` is a sequence of (name, array) that `out` must not overlap.
+    `inputs` are (name, value) pairs: every argument of the call as the caller
+    gave it (arrays, tensors, sequences of them, scalars, None; see
+    _arrays_in), and the arrays fastattn converted them to. `out` may overlap
+    none of them: a caller's array that fastattn read through a converted copy
+    would otherwise be overwritten behind its back.
     """
     if not isinstance(out, np.ndarray):
         raise TypeError(f"out must be a numpy.ndarray, got {type(out).__name__}")
@@ -237,9 +327,10 @@ def check_out(out: Any, shape: Sequence[int], inputs: Iterable[Tuple[str, Any]])
     if not out.flags.aligned:
         raise ValueError(f"out must be aligned (its address a multiple of 4 bytes), got an "
                          f"array at address {out.ctypes.data:#x}")
-    for name, arr in inputs:
-        if shares_memory(out, arr):
-            raise ValueError(f"out must not share memory with {name}")
+    for name, value in inputs:
+        for item, arr in _arrays_in(name, value):
+            if shares_memory(out, arr):
+                raise ValueError(f"out must not share memory with {item}")
 
 
 def check_scale(scale: Any, D: int) -> float:
@@ -329,31 +420,38 @@ def _ids(arr: np.ndarray, name: str, target: Tuple[int, ...]) -> np.ndarray:
                     f"batch item for all its heads need the head axis, e.g. ids[{axes}] of "
                     f"shape {arr.shape[:1] + (1,) * (len(target) - arr.ndim) + arr.shape[1:]})")
         raise ValueError(f"{name} of shape {arr.shape} does not broadcast to {target}{hint}")
+    # A private copy (of the ids at their own size): the kernels bisect key ids
+    # checked to be sorted, with the GIL released, so no other thread may
+    # rewrite them meanwhile.
     arr = compact_broadcast(arr)
     if arr.dtype == np.uint64:  # reinterpreted: equal ids stay equal, different ones differ
-        return aligned(np.ascontiguousarray(arr)).view(np.int64)
-    return aligned(np.ascontiguousarray(arr, dtype=np.int64))
+        return np.array(arr, order="C").view(np.int64)
+    return np.array(arr, dtype=np.int64, order="C")
+
+
+def segment_pair(segment_ids: Any, L: int, S: int) -> Tuple[Any, Any]:
+    """(q_ids, kv_ids) from `segment_ids` (not None): a pair is a tuple, and only
+    a tuple; anything else (a list, nested or not, an array) is one array of
+    ids serving queries and keys, which needs L == S. A list of two lists is
+    the ids of a batch of two, as NumPy reads it, never a pair."""
+    if isinstance(segment_ids, tuple):
+        if len(segment_ids) != 2:
+            raise ValueError(f"segment_ids must be one integer array or a pair (q_ids, "
+                             f"kv_ids) as a tuple, got a tuple of length {len(segment_ids)}")
+        return segment_ids
+    if L != S:
+        raise ValueError(f"one segment_ids array serves queries and keys only when L == S, "
+                         f"got L={L}, S={S}: pass a tuple (q_ids, kv_ids)")
+    return segment_ids, segment_ids
 
 
 def check_segment_ids(segment_ids: Any, batch: Sequence[int], L: int,
                       S: int) -> Optional[SegmentIds]:
-    """SegmentIds from `segment_ids`: None, a pair (q_ids, kv_ids) (a tuple, or
-    a list of two arrays), or one integer array serving both when L == S."""
+    """SegmentIds from `segment_ids`: None, a tuple (q_ids, kv_ids), or one
+    integer array serving both when L == S (see segment_pair)."""
     if segment_ids is None:
         return None
-    pair = isinstance(segment_ids, tuple) or (
-        isinstance(segment_ids, list) and len(segment_ids) == 2
-        and all(isinstance(x, (np.ndarray, list, tuple)) for x in segment_ids))
-    if pair and len(segment_ids) == 2:
-        q_ids, kv_ids = segment_ids
-    elif pair:
-        raise ValueError(f"segment_ids must be one integer array or a pair (q_ids, kv_ids), "
-                         f"got a tuple of length {len(segment_ids)}")
-    elif L != S:
-        raise ValueError(f"one segment_ids array serves queries and keys only when L == S, "
-                         f"got L={L}, S={S}: pass a pair (q_ids, kv_ids)")
-    else:
-        q_ids = kv_ids = segment_ids
+    q_ids, kv_ids = segment_pair(segment_ids, L, S)
     names = ("segment_ids[0] (q_ids)", "segment_ids[1] (kv_ids)") \
         if q_ids is not kv_ids else ("segment_ids", "segment_ids")
     qa = int_array(q_ids, names[0])
@@ -385,17 +483,27 @@ def _window_side(value: Any, side: str) -> Optional[int]:
             f"window's {side} bound must be an int >= 0 or None, got {value!r}"
         ) from None
     if value < 0:
-        raise ValueError(f"window's {side} bound must be >= 0 or None, got {value}")
+        raise ValueError(f"window's {side} bound must be >= 0 or None, got {value}"
+                         + (" (FlashAttention's -1 for an unbounded side is None here)"
+                            if value == -1 else ""))
     return value
 
 
-def check_window(window: Any) -> Tuple[Optional[int], Optional[int]]:
-    """(left, right) from `window`, each an int >= 0 or None (unbounded)."""
+def check_window(window: Any, span: Optional[int] = None) -> Tuple[Optional[int], Optional[int]]:
+    """(left, right) from `window`, each an int >= 0 or None (unbounded).
+
+    With `span` (more than any distance between a query's position and a key,
+    e.g. L + S) a side beyond it is cut to `span`: it allows the same keys,
+    and every position computed from it stays within int64 (a side such as
+    sys.maxsize or 2**70 would wrap or overflow there)."""
     if window is None:
         return None, None
     if not isinstance(window, (tuple, list)) or len(window) != 2:
         raise ValueError(f"window must be None or a pair (left, right), got {window!r}")
-    return _window_side(window[0], "left"), _window_side(window[1], "right")
+    sides = (_window_side(window[0], "left"), _window_side(window[1], "right"))
+    if span is None:
+        return sides
+    return tuple(None if side is None else min(side, span) for side in sides)  # type: ignore
 
 
 def check_window_size(window_size: Any) -> Tuple[int, int]:
@@ -461,6 +569,13 @@ class AttentionInputs(NamedTuple):
     sinks: Optional[np.ndarray] = None         # float32, shape batch
     segments: Optional[SegmentIds] = None
 
+    def arrays(self) -> List[Tuple[str, Any]]:
+        """(name, array) of the converted arrays the kernels read, for check_out."""
+        seg = self.segments
+        return [("q", self.q), ("k", self.k), ("v", self.v), ("attn_mask", self.mask),
+                ("alibi_slopes", self.alibi_slopes), ("sinks", self.sinks),
+                ("segment_ids", None if seg is None else (seg.q, seg.kv))]
+
 
 def attention_inputs(q: Any, k: Any, v: Any, attn_mask: Any, is_causal: Any, window: Any,
                      scale: Any, enable_gqa: Any, with_v: bool = True, softcap: Any = None,
@@ -515,22 +630,20 @@ def attention_inputs(q: Any, k: Any, v: Any, attn_mask: Any, is_causal: Any, win
         if mask.dtype != np.bool_ and mask.dtype.kind != "f" and not is_bfloat16(mask.dtype):
             raise TypeError(f"attn_mask must be a bool or real floating array, got dtype "
                             f"{mask.dtype}")
-        mask = compact_broadcast(mask)
-        if mask.dtype == np.bool_:
-            mask = aligned(np.ascontiguousarray(mask))
-        else:
-            mask = aligned(np.ascontiguousarray(to_float32(mask, order="K")))
         target = batch + (L, S)
-        try:
+        try:  # (the shape as given: a broadcast view's is checked, not its compact form)
             ok = np.broadcast_shapes(mask.shape, target) == target
         except ValueError:
             ok = False
         if not ok:
             raise ValueError(f"attn_mask of shape {mask.shape} does not broadcast to "
                              f"(..., L, S) = {target}")
-    # A window side wider than any distance between a query and a key is
-    # unbounded; clamping it keeps every position in int64.
-    window = tuple(None if side is None else min(side, L + S) for side in check_window(window))
+        mask = compact_broadcast(mask)
+        if mask.dtype == np.bool_:
+            mask = aligned(np.ascontiguousarray(mask))
+        else:
+            mask = aligned(np.ascontiguousarray(to_float32(mask, order="K")))
+    window = check_window(window, L + S)
     return AttentionInputs(
         q=q, k=k, v=v, mask=mask, batch=batch, L=L, S=S, D=D, Dv=Dv,
         scale=check_scale(scale, D), is_causal=is_causal, window=window, group=group,
@@ -632,9 +745,12 @@ def index_int64(arr: np.ndarray, name: str) -> np.ndarray:
 
 
 def check_cu_seqlens(cu: Any, name: str, total: int, what: str) -> np.ndarray:
-    """`cu` as an int64 array: 1-d integers from 0, non-decreasing, ending at
-    `total` (the packed length `what`)."""
-    arr = int_array(cu, name)
+    """`cu` as a new int64 array (never the caller's): 1-d integers from 0,
+    non-decreasing, ending at `total` (the packed length `what`)."""
+    # A private copy first, checked and returned: the kernels read the offsets
+    # with the GIL released, and another thread could rewrite a caller's array
+    # between a check and the call.
+    arr = np.array(int_array(cu, name), copy=True)
     if arr.ndim == 1 and arr.shape[0] == 0:  # (before the dtype: [] is float64)
         raise ValueError(f"{name} must be a 1-d array of B + 1 >= 1 offsets, got shape (0,)")
     if arr.dtype.kind not in "iu":
@@ -675,6 +791,12 @@ class VarlenInputs(NamedTuple):
     alibi_slopes: Optional[np.ndarray]  # float32 (B, Hq)
     sinks: Optional[np.ndarray]         # float32 (B, Hq)
 
+    def arrays(self) -> List[Tuple[str, Any]]:
+        """(name, array) of the converted arrays the kernels read, for check_out."""
+        return [("q", self.q), ("k", self.k), ("v", self.v), ("cu_seqlens_q", self.cu_q),
+                ("cu_seqlens_k", self.cu_k), ("alibi_slopes", self.alibi_slopes),
+                ("sinks", self.sinks)]
+
 
 def varlen_inputs(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, is_causal: Any,
                   window: Any, scale: Any, softcap: Any, alibi_slopes: Any,
@@ -705,8 +827,7 @@ def varlen_inputs(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, 
                          f"{cu_q.shape[0]} and {cu_k.shape[0]}")
     B = cu_q.shape[0] - 1
     heads = (B, Hq)
-    window = tuple(None if side is None else min(side, total_q + total_k)
-                   for side in check_window(window))
+    window = check_window(window, total_q + total_k)
     return VarlenInputs(
         q=q, k=k, v=v, cu_q=cu_q, cu_k=cu_k, B=B, Hq=Hq, Hkv=Hkv, D=D, Dv=v.shape[2],
         scale=check_scale(scale, D), is_causal=as_bool(is_causal, "is_causal"),

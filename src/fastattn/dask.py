@@ -37,7 +37,8 @@ except ImportError as exc:  # pragma: no cover - the optional extra is missing
 
 import fastattn
 from fastattn import _api
-from fastattn._validate import as_bool, check_scale, check_softcap, check_window, is_masked_array
+from fastattn._validate import (as_array, as_bool, attention_inputs, is_bfloat16,
+                                is_masked_array, segment_pair)
 
 __all__ = ["scaled_dot_product_attention", "set_worker_threads", "FastattnThreads"]
 
@@ -167,26 +168,17 @@ def set_worker_threads(client, n=None):
 # Arguments: dtypes, shapes, chunks
 
 
-def _as_dask(x, name, kind="float"):
-    """x as a dask array (a NumPy array becomes one block), its dtype checked:
-    kind "float" (real floating), "mask" (bool or real floating) or "int"."""
+def _as_dask(x, name):
+    """x as a dask array (a NumPy array, or anything fastattn takes as one,
+    becomes one block). Its dtype and shape are checked by the in-memory
+    function's checks (see _stand_in); here only what is Dask's own: masked
+    blocks, and chunk sizes that must be known."""
     if is_masked_array(x) or isinstance(getattr(x, "_meta", None), np.ma.MaskedArray):
         raise TypeError(f"{name} must be a plain array, not a masked array (its mask would be "
                         f"ignored)")
     if not isinstance(x, da.Array):
-        x = np.asarray(x)  # one block (of any size: empty arrays too)
+        x = as_array(x, name)  # one block (of any size: empty arrays too)
         x = da.from_array(x, chunks=tuple((n,) for n in x.shape), name=False)
-    dk = x.dtype.kind
-    if kind == "mask":
-        if x.dtype != np.bool_ and dk != "f":
-            raise TypeError(f"attn_mask must be a bool or real floating array, got dtype "
-                            f"{x.dtype}")
-    elif kind == "int":
-        if dk not in "iu":
-            raise TypeError(f"{name} must have an integer dtype, got {x.dtype}")
-    elif dk != "f" and x.dtype.name != "bfloat16":
-        raise TypeError(f"{name} must have a real floating dtype (float16, bfloat16, float32 "
-                        f"or float64), got {x.dtype}")
     if any(math.isnan(c) for cs in x.chunks for c in cs):
         raise ValueError(f"{name} has unknown chunk sizes (shape {x.shape}): its blocks "
                          f"cannot be aligned with the other arguments; call "
@@ -194,22 +186,19 @@ def _as_dask(x, name, kind="float"):
     return x
 
 
-def _broadcasts_to(arr, target, name, what):
-    try:
-        ok = np.broadcast_shapes(arr.shape, target) == tuple(target)
-    except ValueError:
-        ok = False
-    if not ok:
-        raise ValueError(f"{name} of shape {arr.shape} does not broadcast to {what} = "
-                         f"{tuple(target)}")
-
-
-def _broadcast(shapes, what):
-    try:
-        return tuple(np.broadcast_shapes(*shapes))
-    except ValueError:
-        raise ValueError(f"the leading (batch) dimensions of {what} do not broadcast: "
-                         + ", ".join(str(s) for s in shapes)) from None
+def _stand_in(x, role):
+    """A NumPy array of x's shape that the in-memory function's checks take as
+    they would take x, holding no data: one row of zeros broadcast over the
+    other axes (q, k and v keep their rows contiguous, so nothing is copied).
+    The dtype is x's, except that a floating q ("q") becomes float32 and a
+    float64 k or v ("kv") float32, as the in-memory function would convert
+    them (a conversion there would copy the whole array)."""
+    dtype = x.dtype
+    floating = dtype.kind == "f" or is_bfloat16(dtype)
+    if floating and (role == "q" or (role == "kv" and dtype == np.float64)):
+        dtype = np.dtype(np.float32)
+    row = np.zeros(x.shape[-1:] if x.ndim and role in ("q", "kv") else (), dtype)
+    return np.broadcast_to(row, x.shape)
 
 
 class _Operand:
@@ -453,46 +442,40 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, wi
             or split_every < 2:
         raise ValueError(f"split_every must be an int >= 2, got {split_every!r}")
     q, k, v = (_as_dask(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v")))
-    for arr, name in ((q, "q"), (k, "k"), (v, "v")):
-        if arr.ndim < 2:
-            raise ValueError(f"{name} must have at least 2 dimensions (..., rows, features), "
-                             f"got shape {arr.shape}")
-    L, D = q.shape[-2:]
-    S, Dv = k.shape[-2], v.shape[-1]
-    if D < 1:
-        raise ValueError(f"q must have D >= 1 features (last dimension), got shape {q.shape}")
-    if k.shape[-1] != D:
-        raise ValueError(f"k's last dimension must equal q's D={D}, got k shape {k.shape}")
-    if v.shape[-2] != S:
-        raise ValueError(f"v must have as many rows as k (S={S}), got v shape {v.shape}")
+    mask = None if attn_mask is None else _as_dask(attn_mask, "attn_mask")
+    ids = None
+    if segment_ids is not None:
+        if q.ndim < 2 or k.ndim < 2:  # (the validator below names these shapes)
+            ids = segment_ids
+        else:
+            pair = segment_pair(segment_ids, q.shape[-2], k.shape[-2])
+            names = (("segment_ids", "segment_ids") if pair[0] is pair[1] else
+                     ("segment_ids[0] (q_ids)", "segment_ids[1] (kv_ids)"))  # (as in memory)
+            ids = tuple(_as_dask(x, name) for x, name in zip(pair, names))
+    # alibi_slopes and sinks hold one value per query head: computed now, so
+    # that the checks of their values (finite slopes) happen here, not in tasks
+    slopes, sink_values = (None if x is None else np.asarray(x.compute() if isinstance(x, da.Array)
+                                                             else as_array(x, name))
+                           for x, name in ((alibi_slopes, "alibi_slopes"), (sinks, "sinks")))
+    # Every argument is checked now, by the in-memory function's own checks, on
+    # stand-ins of the dask arrays' shapes and dtypes that hold no data.
+    a = attention_inputs(_stand_in(q, "q"), _stand_in(k, "kv"), _stand_in(v, "kv"),
+                         None if mask is None else _stand_in(mask, "mask"), is_causal, window,
+                         scale, enable_gqa, softcap=softcap, alibi_slopes=slopes,
+                         sinks=sink_values,
+                         segment_ids=None if ids is None else tuple(
+                             _stand_in(x, "ids") for x in ids))
     for arr, name, what in ((q, "q", "D"), (k, "k", "D"), (v, "v", "Dv")):
         if len(arr.chunks[-1]) > 1:
             raise ValueError(f"{name}'s last axis ({what}={arr.shape[-1]}) must be one chunk, "
                              f"got chunks {arr.chunks[-1]}: use {name}.rechunk({{-1: -1}})")
-    is_causal = as_bool(is_causal, "is_causal")
-    enable_gqa = as_bool(enable_gqa, "enable_gqa")
+    is_causal, enable_gqa = a.is_causal, as_bool(enable_gqa, "enable_gqa")
+    batch, group = a.batch, a.group
     return_lse = as_bool(return_lse, "return_lse")
-    left, right = check_window(window)
-    scale = check_scale(scale, D)
-    check_softcap(softcap)
-
-    group = 1
-    if enable_gqa:
-        for arr, name in ((q, "q"), (k, "k"), (v, "v")):
-            if arr.ndim < 3:
-                raise ValueError(f"with enable_gqa=True, {name} must have a head axis "
-                                 f"(..., heads, rows, features), got shape {arr.shape}")
-        Hq, Hkv = q.shape[-3], k.shape[-3]
-        if v.shape[-3] != Hkv:
-            raise ValueError(f"with enable_gqa=True, k and v must have the same number of "
-                             f"heads, got k {k.shape} and v {v.shape}")
-        if Hkv < 1 or Hq % Hkv != 0:
-            raise ValueError(f"with enable_gqa=True, q's heads ({Hq}) must be a multiple of "
-                             f"k's heads ({Hkv}), which must be at least 1")
-        group = max(1, Hq // Hkv)
-        batch = _broadcast([a.shape[:-3] for a in (q, k, v)], "q/k/v") + (Hq,)
-    else:
-        batch = _broadcast([a.shape[:-2] for a in (q, k, v)], "q/k/v")
+    L, S, Dv = a.L, a.S, a.Dv
+    left, right = a.window
+    scale = a.scale
+    softcap = a.softcap or None
     nb = len(batch)
 
     def roles(arr, tail, heads=None):
@@ -504,40 +487,15 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, wi
     ops = [_Operand("q", q, roles(q, ["L", None], hq)),
            _Operand("k", k, roles(k, ["S", None], "kv" if enable_gqa else None)),
            _Operand("v", v, roles(v, ["S", None], "kv" if enable_gqa else None))]
-    if attn_mask is not None:
-        mask = _as_dask(attn_mask, "attn_mask", "mask")
-        target = batch + (L, S)
-        try:
-            ok = mask.ndim >= 2 and np.broadcast_shapes(mask.shape, target) == target
-        except ValueError:
-            ok = False
-        if not ok:
-            raise ValueError(f"attn_mask of shape {mask.shape} does not broadcast to "
-                             f"(..., L, S) = {target}")
+    if mask is not None:
         ops.append(_Operand("attn_mask", mask, roles(mask, ["L", "S"])))
-    for value, name in ((alibi_slopes, "alibi_slopes"), (sinks, "sinks")):
+    for value, name in ((slopes, "alibi_slopes"), (sink_values, "sinks")):
         if value is not None:  # one value per query head
             arr = _as_dask(value, name)
-            _broadcasts_to(arr, q.shape[:-2], name, "q.shape[:-2]")
             ops.append(_Operand(name, arr, roles(arr, [])))
-    if segment_ids is not None:
-        if isinstance(segment_ids, tuple) or (isinstance(segment_ids, list)
-                                              and len(segment_ids) == 2):
-            if len(segment_ids) != 2:
-                raise ValueError(f"segment_ids must be (q_ids, kv_ids) or one array, got a "
-                                 f"sequence of {len(segment_ids)}")
-            q_ids, kv_ids = segment_ids
-        elif L == S:
-            q_ids = kv_ids = segment_ids
-        else:
-            raise ValueError(f"segment_ids must be a pair (q_ids, kv_ids) when L != S "
-                             f"(L={L}, S={S})")
+    if ids is not None:
         # (a 0-d id is one id for every row or key: an axis of 1 that broadcasts)
-        q_ids, kv_ids = (_as_dask(ids, name, "int") for ids, name in ((q_ids, "q_ids"),
-                                                                        (kv_ids, "kv_ids")))
-        q_ids, kv_ids = (ids[None] if ids.ndim == 0 else ids for ids in (q_ids, kv_ids))
-        _broadcasts_to(q_ids, batch + (L,), "segment_ids' q_ids", "(..., L)")
-        _broadcasts_to(kv_ids, batch + (S,), "segment_ids' kv_ids", "(..., S)")
+        q_ids, kv_ids = (x[None] if x.ndim == 0 else x for x in ids)
         ops.append(_Operand("q_ids", q_ids, roles(q_ids, ["L"])))
         ops.append(_Operand("kv_ids", kv_ids, roles(kv_ids, ["S"])))
     sizes: Dict[Any, int] = {**dict(enumerate(batch)), "L": L, "S": S}

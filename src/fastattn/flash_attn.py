@@ -34,9 +34,9 @@ import numpy as np
 
 import fastattn
 from fastattn import _api  # _paged_sdpa: the kernel's in-place paged read
-from fastattn._validate import (_FLOAT32_MAX, as_array, check_cu_seqlens, check_out,
-                                check_scale, check_softcap, index_int64, int_array,
-                                shares_memory)
+from fastattn._validate import (_FLOAT32_MAX, _is_torch_tensor, as_array, check_cu_seqlens,
+                                check_out, check_scale, check_softcap, check_window,
+                                index_int64, int_array, new_array, shares_memory)
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"]
 
@@ -50,16 +50,15 @@ def _real_float_dtype(dtype):
 
 
 def _array(x, name, ndim, writeable=False):
-    """`x` as an ndarray of a real floating dtype with `ndim` dims (no copy)."""
-    if writeable:
-        if not isinstance(x, np.ndarray):
-            raise TypeError(f"{name} must be a NumPy array (it is updated in place), "
-                            f"got {type(x).__name__}")
-        if not x.flags.writeable:
-            raise ValueError(f"{name} must be writeable: k and v are appended into it in place")
-        arr = x
-    else:
-        arr = as_array(x, name)  # torch tensors, DLPack, bfloat16: fastattn's one rule
+    """`x` as an ndarray of a real floating dtype with `ndim` dims (no copy).
+    With `writeable` (a cache that k and v are appended into) it must be a
+    NumPy array or a CPU torch tensor, whose memory the NumPy view shares."""
+    if writeable and not (isinstance(x, np.ndarray) or _is_torch_tensor(x)):
+        raise TypeError(f"{name} must be a NumPy array or a CPU torch tensor (it is updated "
+                        f"in place), got {type(x).__name__}")
+    arr = as_array(x, name)  # torch tensors, DLPack, bfloat16: fastattn's one rule
+    if writeable and not arr.flags.writeable:
+        raise ValueError(f"{name} must be writeable: k and v are appended into it in place")
     if not _real_float_dtype(arr.dtype):
         raise TypeError(f"{name} must have a real floating dtype (float16, bfloat16, float32 "
                         f"or float64), got {arr.dtype}")
@@ -128,28 +127,39 @@ def _check_scale(softmax_scale):
 
 
 def _check_softcap(softcap):
-    """FlashAttention's softcap (0.0 = off) as the core's (None = off)."""
+    """FlashAttention's softcap (> 0 caps, any other number is off) as the core's
+    (None = off)."""
     if isinstance(softcap, (bool, np.bool_)) or not isinstance(softcap, numbers.Real):
         raise TypeError(f"softcap must be a float, got {type(softcap).__name__}")
-    if softcap == 0:
-        return None
     try:
         value = float(softcap)
     except OverflowError:  # an int beyond float64's range
-        value = math.inf
-    if not value <= _FLOAT32_MAX or value < 0:  # (NaN fails the first)
-        raise ValueError(f"softcap must be a finite float >= 0 (0.0 = off; finite in float32), "
-                         f"got {softcap!r}")
+        value = math.inf if softcap > 0 else -math.inf
+    if value <= 0:  # (FlashAttention: "anything > 0 activates softcapping")
+        return None
+    if not value <= _FLOAT32_MAX:  # (NaN fails too)
+        raise ValueError(f"softcap must be a finite float (> 0 caps, <= 0 is off; finite in "
+                         f"float32), got {softcap!r}")
     return check_softcap(softcap)  # the core's rule: a normal float32
 
 
-def _check_window(window_size):
-    """FlashAttention's window_size (-1 = unbounded) as the core's window (None)."""
+def _check_window(window_size, span):
+    """FlashAttention's window_size (a negative side is unbounded) as the core's
+    window (None), each side cut to `span` (more than any query-key distance:
+    the same keys, positions within int64) by the core's rule. Like
+    FlashAttention, it reads ``window_size[0]`` and ``window_size[1]``: a
+    tuple, a list, or a NumPy array or tensor of two ints."""
+    if not isinstance(window_size, (tuple, list)):
+        if (isinstance(window_size, np.ndarray) or _is_torch_tensor(window_size)) \
+                and np.shape(window_size) == (2,):
+            window_size = [window_size[0], window_size[1]]
     if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
         raise ValueError(f"window_size must be a pair (left, right) of ints, -1 for unbounded, "
                          f"got {window_size!r}")
     sides = []
     for side, value in zip(("left", "right"), window_size):
+        if _is_torch_tensor(value) or (isinstance(value, np.ndarray) and value.ndim == 0):
+            value = value.item()
         if isinstance(value, (bool, np.bool_)):
             raise ValueError(f"window_size's {side} side must be an int, got {value!r}")
         try:
@@ -158,7 +168,7 @@ def _check_window(window_size):
             raise ValueError(f"window_size's {side} side must be an int (-1 for unbounded), "
                              f"got {value!r}") from None
         sides.append(None if value < 0 else value)
-    return tuple(sides)
+    return check_window(tuple(sides), span)
 
 
 def _check_alibi(alibi_slopes, B, H):
@@ -229,7 +239,7 @@ def _core_out(out, B, L, H, Dv):
     (the same memory order), else a new array."""
     if out is not None and (L == 1 or H == 1):
         return out.reshape(B, H, L, Dv)
-    return np.empty((B, H, L, Dv), np.float32)
+    return new_array((B, H, L, Dv), "the output")
 
 
 # ----------------------------------------------------------------------------
@@ -353,21 +363,21 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                          f"shape {v.shape}")
     _check_heads(H, Hkv)
     Dv = v.shape[3]
-    kw = _core_options(_bool(causal, "causal"), _check_window(window_size),
+    kw = _core_options(_bool(causal, "causal"), _check_window(window_size, L + S),
                        _check_scale(softmax_scale), _check_softcap(softcap),
                        _check_alibi(alibi_slopes, B, H))
     _bool(deterministic, "deterministic")
     return_attn_probs = _bool(return_attn_probs, "return_attn_probs")
     out = _check_out(out, (B, L, H, Dv), [("q", q), ("k", k), ("v", v),
                                           ("alibi_slopes", alibi_slopes)])
+    # (the probabilities first: where they do not fit, nothing has been written)
+    probs = (fastattn.attention_weights(_bhld(q), _bhld(k), enable_gqa=True, **kw)
+             if return_attn_probs else None)
     o = _core_out(out, B, L, H, Dv)
     o, lse = fastattn.scaled_dot_product_attention(
         _bhld(q), _bhld(k), _bhld(v), enable_gqa=True, return_lse=True, out=o, **kw)
     o = _token_major(o, out)
-    if not return_attn_probs:
-        return o
-    probs = fastattn.attention_weights(_bhld(q), _bhld(k), enable_gqa=True, **kw)
-    return o, lse, probs
+    return o if probs is None else (o, lse, probs)
 
 
 # ----------------------------------------------------------------------------
@@ -395,6 +405,39 @@ def _check_block_table(block_table, B, num_blocks, lengths_end, block_size, sour
         raise ValueError(f"block_table[{b}, {j}] = {int(table[b, j])} points outside the "
                          f"cache's {num_blocks} blocks")
     return table
+
+
+def _first_repeat(ids):
+    """The index of the first entry of the 1-d `ids` that repeats an earlier one."""
+    _, first = np.unique(ids, return_index=True)
+    seen = np.zeros(ids.size, bool)
+    seen[first] = True
+    return int(np.argmin(seen))
+
+
+def _check_written_blocks(table, seqlens, end, block_size):
+    """A block that k and v are appended into (positions [seqlens[b], end[b]) of
+    sequence b) must appear once among the entries of block_table that any
+    sequence uses (those covering [0, end[b])): else the append would write
+    into positions another entry reads as its own, or write one position
+    twice. Blocks that no append writes may be shared (a common prefix)."""
+    B, nb = table.shape
+    idx = np.arange(nb)
+    used = idx < -(-end[:, None] // block_size)
+    written = used & (idx >= (seqlens // block_size)[:, None]) & (end > seqlens)[:, None]
+    ids, counts = np.unique(table[used], return_counts=True)
+    shared = ids[counts > 1]
+    bad = written & np.isin(table, shared)
+    if bad.any():
+        b, j = (int(i[0]) for i in np.nonzero(bad))
+        block = int(table[b, j])
+        others = [(int(c), int(e)) for c, e in zip(*np.nonzero(used & (table == block)))
+                  if (c, e) != (b, j)]
+        raise ValueError(f"block_table[{b}, {j}] = {block} is written by this call's k and v, "
+                         f"but block {block} is also used at block_table{list(others[:3])}: a "
+                         f"block that k and v are appended into must appear once in "
+                         f"block_table (only blocks that no append writes, e.g. a shared "
+                         f"prefix, may repeat)")
 
 
 def _gather_pages(cache, table_row, start, end):
@@ -531,12 +574,20 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                              f"({int(lengths.max())})")
     max_seqlen_q, max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
     causal = _bool(causal, "causal")
-    window = _check_window(window_size)
+    window = _check_window(window_size, total_q + int(cu_k[-1]))
     scale, cap = _check_scale(softmax_scale), _check_softcap(softcap)
     alibi = _check_alibi(alibi_slopes, B, H)
     _bool(deterministic, "deterministic")
     return_attn_probs = _bool(return_attn_probs, "return_attn_probs")
-    inputs = [("q", q), ("k", k), ("v", v), ("alibi_slopes", alibi_slopes)]  # (the caller's)
+    # (the caller's arrays, as given: out may overlap none of them)
+    inputs = [("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q),
+              ("cu_seqlens_k", cu_seqlens_k), ("alibi_slopes", alibi_slopes),
+              ("block_table", block_table)]
+    probs = None
+    if return_attn_probs:  # (before anything is written: its size is the caller's to choose)
+        probs = new_array((B, H, max_seqlen_q, max_seqlen_k),
+                          "the attention probabilities (batch_size, nheads, max_seqlen_q, "
+                          "max_seqlen_k)", fill=0.0)
     if paged:
         table = _check_block_table(block_table, B, k.shape[0], len_k, k.shape[1],
                                    "by cu_seqlens_k")
@@ -549,9 +600,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     kw = _core_options(causal, window, scale, cap, alibi)
     o, lse = fastattn.varlen_attention(q, k, v, cu_q, cu_k, return_lse=True, out=out, **kw)
     lse = np.ascontiguousarray(lse.T)  # FlashAttention's (H, total_q)
-    if not return_attn_probs:
+    if probs is None:
         return o
-    probs = np.zeros((B, H, max_seqlen_q, max_seqlen_k), np.float32)
     for b in range(B):
         q0, q1, k0, k1 = cu_q[b], cu_q[b + 1], cu_k[b], cu_k[b + 1]
         if alibi is not None:
@@ -662,12 +712,14 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     ----------
     q : array_like, shape (B, L, H, D), real floating dtype
         The new queries.
-    k_cache : ndarray, shape (B_cache, S_max, Hkv, D), real floating dtype
+    k_cache : ndarray or torch.Tensor, shape (B_cache, S_max, Hkv, D), real floating dtype
         The key cache; with `block_table`, paged: (num_blocks, block_size,
         Hkv, D). float32, float16 and bfloat16 (``ml_dtypes.bfloat16``)
         caches are read in place, as stored (half precision converted exactly
         inside the kernel); a float64 cache is converted to float32 (copied)
-        at each call. Must be writeable when `k` is given.
+        at each call. Must be writeable when `k` is given. A CPU torch tensor
+        is used through the NumPy view of its memory (as ``k_cache.numpy()``):
+        appends reach the tensor.
     v_cache : ndarray, shape (B_cache, S_max, Hkv, Dv), real floating dtype
         The value cache, laid out as `k_cache`.
     k : array_like, shape (B, L_new, Hkv, D), optional
@@ -691,15 +743,19 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         ``max_num_blocks_per_seq * block_size`` when paged).
     cache_batch_idx : array_like of int, shape (B,), optional
         Row of the cache that batch item ``b`` uses; default ``b`` (then
-        ``B_cache`` must equal ``B``). Not with `block_table`. With repeated
-        rows and `k`, which item's keys the row keeps is not specified.
+        ``B_cache`` must equal ``B``). Not with `block_table`. Rows may
+        repeat only when nothing is appended (without `k`): two batch items
+        would write into the same row.
     cache_leftpad : array_like of int, shape (B,), optional
         The first valid position of each sequence's cache (left padding);
         ``0 <= cache_leftpad[b] <= cache_seqlens[b]``. Default 0.
     block_table : array_like of int, shape (B, max_num_blocks_per_seq), optional
         Paged cache: position ``p`` of sequence ``b`` is row ``p % block_size``
         of block ``block_table[b, p // block_size]``. Any block size >= 1
-        (FlashAttention needs a multiple of 256).
+        (FlashAttention needs a multiple of 256). A block may appear in
+        several entries (sequences sharing a prefix) as long as `k` and `v`
+        are not appended into it: a block written by this call must appear
+        once among the entries in use.
     softmax_scale, causal, window_size, softcap, alibi_slopes
         As in :func:`flash_attn_func`, per sequence over its valid keys:
         query ``i`` sits at key position ``i + S_b - L`` where ``S_b =
@@ -726,8 +782,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     ------
     TypeError
         If an array has the wrong kind of dtype (indices must be integers), a
-        flag is not a bool, `k_cache`/`v_cache` are not NumPy arrays while `k`
-        is given, or `out` is not a float32 array.
+        flag is not a bool, `k_cache`/`v_cache` are neither NumPy arrays nor
+        CPU torch tensors while `k` is given, an argument is a
+        ``numpy.ma.MaskedArray`` (its mask would be ignored), or `out` is not
+        a float32 array.
     ValueError
         Before the cache is touched: if shapes disagree (batch, heads, D,
         rotary tables), only one of `k`/`v` or of `rotary_cos`/`rotary_sin` is
@@ -735,12 +793,18 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         `k`, ``cache_seqlens[b] + L_new`` exceeds the cache (or what
         `block_table` addresses), `cache_leftpad` is outside ``[0,
         cache_seqlens]``, `cache_batch_idx` or `block_table` point outside the
-        cache, `cache_batch_idx` is given with `block_table`, the paged cache
+        cache, `cache_batch_idx` repeats a row or `block_table` repeats a
+        block that `k` and `v` are appended into, `cache_batch_idx` is given
+        with `block_table`, the paged cache
         has a block size of 0, an index array holds a value that int64 does
         not (named; never wrapped), the rotary tables do not cover the
         positions used, the cache is read-only while `k` is given, and as
-        :func:`flash_attn_func` (`out` checked against the caller's q, before
-        the rotary embedding).
+        :func:`flash_attn_func` (`out` checked against every argument as the
+        caller gave it: q before the rotary embedding, the index arrays
+        before their conversion). Should the attention itself fail after the
+        append (e.g. out of memory), the positions written are restored
+        before the error propagates: the cache is updated only by a call
+        that returns.
 
     Notes
     -----
@@ -848,6 +912,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             if ((rows < 0) | (rows >= k_cache.shape[0])).any():
                 raise ValueError(f"cache_batch_idx must index k_cache's {k_cache.shape[0]} rows, "
                                  f"got {rows.tolist()}")
+            if new_kv and L_new and np.unique(rows).size != B:
+                r = _first_repeat(rows)
+                raise ValueError(f"cache_batch_idx repeats row {int(rows[r])} (at {r} and "
+                                 f"earlier) while k and v are appended: both batch items would "
+                                 f"write into that row of the cache")
     scalar = cache_seqlens is not None and np.ndim(cache_seqlens) == 0
     if cache_seqlens is None:
         seqlens = np.full(B, capacity, np.int64)
@@ -877,17 +946,23 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if paged:
         table = _check_block_table(table, B, k_cache.shape[0], end, block_size,
                                    "cache_seqlens + seqlen_new")
+        if new_kv and L_new:
+            _check_written_blocks(table, seqlens, end, block_size)
 
     causal = _bool(causal, "causal")
-    window = _check_window(window_size)
+    window = _check_window(window_size, capacity + L)
     scale, cap = _check_scale(softmax_scale), _check_softcap(softcap)
     alibi = _check_alibi(alibi_slopes, B, H)
     rotary_interleaved = _bool(rotary_interleaved, "rotary_interleaved")
     _int(num_splits, "num_splits")
     return_softmax_lse = _bool(return_softmax_lse, "return_softmax_lse")
 
-    # (the caller's arrays, which `out` must not overlap: not the rotated copies)
+    # (every argument as the caller gave it, which `out` must not overlap: not the
+    # rotated or converted copies)
     inputs = [("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v),
+              ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
+              ("cache_seqlens", cache_seqlens), ("cache_batch_idx", cache_batch_idx),
+              ("cache_leftpad", cache_leftpad), ("block_table", block_table),
               ("alibi_slopes", alibi_slopes)]
 
     # Rotary embedding of q and the new k.
@@ -917,33 +992,57 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         k = _rotate(k, cos, sin, k_pos, rotary_interleaved)
 
     out = _check_out(out, (B, L, H, Dv), inputs)
+    lse = new_array((B, H, L), "softmax_lse")
+    o = _core_out(out, B, L, H, Dv)
 
     # Append k and v into the cache, in place (everything has been checked).
     # q, k or v that share memory with the cache are read as they were before
     # the call (copied first, as NumPy's `a[idx] = b` reads an overlapping b).
+    # The positions written are kept: should anything below fail, they are put
+    # back, so that a call either updates the cache and returns, or raises
+    # with the cache as it was.
+    written = None
     if new_kv and L_new and B:
         q, k, v = (np.array(x) if shares_memory(x, k_cache) or shares_memory(x, v_cache) else x
                    for x in (q, k, v))
         pos = seqlens[:, None] + np.arange(L_new)  # (B, L_new)
         if paged:
-            blocks = np.take_along_axis(table, pos // block_size, axis=1)
-            k_cache[blocks, pos % block_size] = k
-            v_cache[blocks, pos % block_size] = v
+            where = (np.take_along_axis(table, pos // block_size, axis=1), pos % block_size)
         else:
-            k_cache[rows[:, None], pos] = k
-            v_cache[rows[:, None], pos] = v
+            where = (rows[:, None], pos)
+        written = (where, k_cache[where], v_cache[where])  # (copies: fancy indexing)
+        k_cache[where] = k
+        v_cache[where] = v
+    try:
+        _kvcache_attention(q, k_cache, v_cache, table if paged else None, rows, start, end,
+                           causal, window, scale, cap, alibi, o, lse)
+    except BaseException:
+        if written is not None:
+            where, k_old, v_old = written
+            k_cache[where] = k_old
+            v_cache[where] = v_old
+        raise
+    o = _token_major(o, out)
+    return (o, lse) if return_softmax_lse else o
 
-    # Attention over each sequence's keys [start, end).
-    lse = np.empty((B, H, L), np.float32)
-    o = _core_out(out, B, L, H, Dv)
+
+def _kvcache_attention(q, k_cache, v_cache, table, rows, start, end, causal, window, scale, cap,
+                       alibi, o, lse):
+    """flash_attn_with_kvcache's attention of q (B, L, H, D) over the keys
+    [start[b], end[b]) of each sequence's cache (paged with `table`, else rows
+    `rows` of the contiguous cache) into o (B, H, L, Dv) and lse (B, H, L)."""
+    B = q.shape[0]
+    paged = table is not None
+    block_size = k_cache.shape[1]
     uniform = B > 0 and (start == start[0]).all() and (end == end[0]).all()
     if (uniform and paged and not start.any() and block_size % _api.PAGE_MULTIPLE == 0
             and cap is None and alibi is None):
-        o, lse = _api._paged_sdpa(_bhld(q), k_cache, v_cache, table, int(end[0]),
-                                  is_causal=causal, window=window, scale=scale, return_lse=True)
+        o[...], lse[...] = _api._paged_sdpa(_bhld(q), k_cache, v_cache, table, int(end[0]),
+                                            is_causal=causal, window=window, scale=scale,
+                                            return_lse=True)
     elif uniform and not paged and _arith_rows(rows) is not None:
         sl, s0, s1 = _arith_rows(rows), int(start[0]), int(end[0])
-        o, lse = fastattn.scaled_dot_product_attention(
+        _, lse[...] = fastattn.scaled_dot_product_attention(
             _bhld(q), _bhld(k_cache[sl, s0:s1]), _bhld(v_cache[sl, s0:s1]), enable_gqa=True,
             return_lse=True, out=o, **_core_options(causal, window, scale, cap, alibi))
     else:
@@ -963,5 +1062,3 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             _, lse[b] = fastattn.scaled_dot_product_attention(
                 _bhld(q[b]), _bhld(kb), _bhld(vb), enable_gqa=True, return_lse=True,
                 out=o[b], **kw)
-    o = _token_major(o, out)
-    return (o, lse) if return_softmax_lse else o

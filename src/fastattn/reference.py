@@ -24,8 +24,8 @@ from fastattn._validate import (
     as_float32,
     attention_inputs,
     check_out,
-    option_operands,
     check_window_size,
+    foreign_keywords,
     merge_inputs,
     normalize_axis,
     varlen_inputs,
@@ -64,6 +64,7 @@ def _slices(x, axis):
     return x64, normalize_axis(axis, x64.ndim)
 
 
+@foreign_keywords
 def softmax(x: ArrayLike, axis: int = -1, *,
             out: Optional[NDArray[np.float32]] = None) -> NDArray[np.float32]:
     """Reference softmax: ``exp(x - m) / sum(exp(x - m))`` along `axis`."""
@@ -88,6 +89,7 @@ def _log_sum(x64, m, ax):
         return np.where(np.isfinite(m), log1p_form, np.log(np.sum(e, axis=ax, keepdims=True)))
 
 
+@foreign_keywords
 def log_softmax(x: ArrayLike, axis: int = -1, *,
                 out: Optional[NDArray[np.float32]] = None) -> NDArray[np.float32]:
     """Reference log_softmax: ``(x - m) - log(sum(exp(x - m)))`` along `axis`."""
@@ -98,6 +100,7 @@ def log_softmax(x: ArrayLike, axis: int = -1, *,
     return _finish(result, out, [("x", x)])
 
 
+@foreign_keywords
 def logsumexp(x: ArrayLike, axis: int = -1, *, keepdims: bool = False,
               out: Optional[NDArray[np.float32]] = None) -> NDArray[np.float32]:
     """Reference logsumexp: ``m + log(sum(exp(x - m)))`` along `axis`.
@@ -216,6 +219,7 @@ def _attention(a, return_lse, out, inputs):
     return (result, lse.astype(np.float32)) if return_lse else result
 
 
+@foreign_keywords
 def scaled_dot_product_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike,
                                  attn_mask: Optional[ArrayLike] = None, *,
                                  is_causal: bool = False, window: Window = None,
@@ -232,10 +236,12 @@ def scaled_dot_product_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike,
                          segment_ids=segment_ids)
     return_lse = as_bool(return_lse, "return_lse")
     return _attention(a, return_lse, out, [("q", q), ("k", k), ("v", v),
-                                           ("attn_mask", attn_mask)]
-                      + option_operands(alibi_slopes, sinks, segment_ids))
+                                           ("attn_mask", attn_mask),
+                                           ("alibi_slopes", alibi_slopes), ("sinks", sinks),
+                                           ("segment_ids", segment_ids)] + a.arrays())
 
 
+@foreign_keywords
 def causal_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike,
                      attn_mask: Optional[ArrayLike] = None, *, window: Window = None,
                      scale: Optional[float] = None, softcap: Optional[float] = None,
@@ -250,6 +256,7 @@ def causal_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike,
         enable_gqa=enable_gqa, return_lse=return_lse, out=out)
 
 
+@foreign_keywords
 def sliding_window_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, window_size: int,
                              attn_mask: Optional[ArrayLike] = None, *, is_causal: bool = False,
                              scale: Optional[float] = None, softcap: Optional[float] = None,
@@ -264,6 +271,7 @@ def sliding_window_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, window_si
         segment_ids=segment_ids, enable_gqa=enable_gqa, return_lse=return_lse, out=out)
 
 
+@foreign_keywords
 def attention_weights(q: ArrayLike, k: ArrayLike, attn_mask: Optional[ArrayLike] = None, *,
                       is_causal: bool = False, window: Window = None,
                       scale: Optional[float] = None, softcap: Optional[float] = None,
@@ -284,6 +292,7 @@ def attention_weights(q: ArrayLike, k: ArrayLike, attn_mask: Optional[ArrayLike]
 # Packed variable-length batches
 
 
+@foreign_keywords
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, is_causal=False, window=None,
                      scale=None, softcap=None, alibi_slopes=None, sinks=None, return_lse=False,
                      out=None):
@@ -309,8 +318,8 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, is_causal=False, wi
         o[rows] = np.swapaxes(ob, 0, 1)
         lse[rows] = np.swapaxes(lb, 0, 1)
     result = _finish(o, out, [("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q),
-                              ("cu_seqlens_k", cu_seqlens_k)]
-                     + option_operands(alibi_slopes, sinks))
+                              ("cu_seqlens_k", cu_seqlens_k), ("alibi_slopes", alibi_slopes),
+                              ("sinks", sinks)] + a.arrays())
     return (result, lse.astype(np.float32)) if return_lse else result
 
 
@@ -318,6 +327,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, is_causal=False, wi
 # Merging partial results
 
 
+@foreign_keywords
 def merge_attention(outs: ArrayLike, lses: ArrayLike, *,
                     out: Optional[Float32Array] = None) -> WithLse:
     """Reference merge of partial attention results over disjoint key sets:
@@ -341,6 +351,6 @@ def merge_attention(outs: ArrayLike, lses: ArrayLike, *,
     none, nan, inf = m == -np.inf, np.isnan(m), m == np.inf
     lse = np.where(none, -np.inf, np.where(nan, np.nan, np.where(inf, np.inf, lse)))
     o = np.where(none[..., None], 0.0, np.where((nan | inf)[..., None], np.nan, o))
-    inputs = [(f"outs[{p}]", a) for p, a in enumerate(parts)]
-    inputs += [(f"lses[{p}]", a) for p, a in enumerate(part_lses)]
-    return _finish(o, out, inputs), lse.astype(np.float32)
+    return (_finish(o, out, [("outs", parts), ("lses", part_lses), ("outs", outs),
+                             ("lses", lses)]),
+            lse.astype(np.float32))
