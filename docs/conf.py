@@ -71,6 +71,7 @@ html_theme = "pydata_sphinx_theme"
 html_title = f"fastattn {release}"
 html_static_path = ["_static"]
 html_css_files = ["fastattn.css"]
+html_js_files = ["fastattn.js"]
 html_show_sourcelink = False
 html_theme_options = {
     "navbar_align": "left",
