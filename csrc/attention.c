@@ -383,8 +383,8 @@ static int64_t doc_tiles(const fa_attn_args *a, int64_t nq, int64_t *cut)
  * kv head's k and v rows (S (D + Dv) elements) take more than half of a
  * core's level-2 cache, so that each unit reads them again from the level
  * below, and FA_BQ rows still leave 8 units a thread. A unit reads k and v
- * once for its rows, so twice the rows halve that traffic (on the Xeon of
- * the README's thirteenth round, L = S = 4096, D = 128, 8 heads: 1.047x;
+ * once for its rows, so twice the rows halve that traffic (on the 2-core
+ * Intel Xeon of docs/performance.rst, L = S = 4096, D = 128, 8 heads: 1.047x;
  * L = S = 2048: 1.028x; causal calls gained nothing, short ones lost up to
  * 1.5 %). The unit's size does not change any row's arithmetic. */
 static int wide_units(const fa_attn_args *a, int64_t G, int threads)

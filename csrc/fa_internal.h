@@ -301,7 +301,7 @@ static inline void fa_stream_fence(void)
  * level-2 cache; rows that lie apart (the kv heads of a (B, S, H, D) cache
  * interleaved) into level 1, as many rows ahead as hold FA_AHEAD_ROW_BYTES
  * of the rows' own elements (at least one, at most a tile). (On the Xeon of
- * the README, a level-1 fetch of contiguous rows held the loads up more than
+ * docs/performance.rst, a level-1 fetch of contiguous rows held the loads up more than
  * it gave, and a level-2 one of interleaved rows came too late.) fa_ahead:
  * the distance in bytes (0: none) for a tile whose rows are rs elements of
  * esz bytes apart, rows of n elements, and which room rows follow
@@ -320,7 +320,7 @@ static inline void fa_stream_fence(void)
  * only a fraction of the tile. Otherwise each unit copies (converts) every
  * value tile it meets into its scratch (kernels.inc's v_tile), and units of
  * FA_BQ rather than FA_BQ_IN_PLACE rows make half the copies a row (on the
- * Xeon of the README's tenth round, 1.03-1.10x for (B, L, H, D) views and
+ * Xeon of docs/performance.rst, 1.03-1.10x for (B, L, H, D) views and
  * half-precision values at L = S = 2048-4096; units of 192 rows that read
  * their values in place lost up to 3 % on causal prefill). */
 static inline int fa_v_in_place(int dt, int64_t rs, int64_t Dv)
@@ -340,7 +340,7 @@ static inline int64_t fa_ahead_tiles(int64_t room, int64_t tiles, int64_t rs, in
 }
 
 /* Interleaved rows are fetched this many bytes of their own elements ahead.
- * On the Xeon of the README's ninth round (48 KiB of L1 data cache),
+ * On the Xeon of docs/performance.rst (48 KiB of L1 data cache),
  * decoding 32/8 heads 16 keys at a time for all kv heads (sdpa_unit's
  * FA_FEW_SUBK), 4 KiB against a whole tile ahead (what this replaced, for
  * tiles of at most 32 KiB, none for bigger ones): float32 D = 128

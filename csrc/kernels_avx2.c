@@ -353,8 +353,8 @@ static FA_ALWAYS_INLINE FA_TARGET int FA_NAME(qt_scores_body)(
 }
 
 /* (inlined into qt_tile: called there as a function, the AVX2 build's
- * whole call of 512 rows, D = 64, ran 2 % slower on the Xeon of the README's
- * fifteenth round) */
+ * whole call of 512 rows, D = 64, ran 2 % slower on the Xeon of
+ * docs/performance.rst) */
 static FA_ALWAYS_INLINE FA_TARGET int FA_NAME(qt_scores)(
     const float *qt, int64_t nrt, int64_t D, const float *k, int64_t rs, float scale,
     const float *mold, float *pt, int64_t ldp, float *mnew, const int32_t *first,

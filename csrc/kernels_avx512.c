@@ -938,8 +938,8 @@ static FA_ALWAYS_INLINE FA_TARGET void few_scores_n_avx512(const float *q, const
     int i;
     /* Contiguous rows: besides the level-2 fetches a tile or two ahead, each
      * whole block fetches the next block's rows (in this tile, or the next
-     * tile's first where room holds them) into level 1. On the Xeon of the
-     * README's twelfth round, decoding 32/8 heads over 16384 keys, D = 128:
+     * tile's first where room holds them) into level 1. On the Xeon of
+     * docs/performance.rst, decoding 32/8 heads over 16384 keys, D = 128:
      * float16 1.045x, bfloat16 1.056x, float32 1.013x; D = 64 float16
      * 1.04x; 32/32 heads float16 1.08x. (The AVX2 kernel's blocks of eight
      * gained nothing there: float32 1.02x, bfloat16 0.97x.) */

@@ -71,9 +71,11 @@ html_theme = "pydata_sphinx_theme"
 html_title = f"fastattn {release}"
 html_static_path = ["_static"]
 html_css_files = ["fastattn.css"]
+html_js_files = ["fastattn.js"]
 html_show_sourcelink = False
 html_theme_options = {
     "navbar_align": "left",
+    "header_links_before_dropdown": 6,
     "show_toc_level": 2,
     "navigation_with_keys": False,
     "secondary_sidebar_items": ["page-toc"],
@@ -81,7 +83,7 @@ html_theme_options = {
     "footer_end": ["sphinx-version"],
     "logo": {"text": "fastattn"},
 }
-html_sidebars = {"index": [], "install": [], "changelog": []}
+html_sidebars = {"index": [], "install": [], "changelog": [], "performance": [], "dev/index": []}
 html_context = {"default_mode": "light"}
 
 sys.path.insert(0, os.path.abspath("."))

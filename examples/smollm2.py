@@ -78,7 +78,7 @@ from pathlib import Path
 #: runtime loads: its threads sleep as soon as an attention call ends instead of
 #: spinning on the cores that the matrix products after it use. The prefill of
 #: a 512-token prompt spends about half as long in attention with it, on two
-#: cores (README, "A language model: SmolLM2-135M").
+#: cores (docs/howto/examples.rst, "How the example uses the cores").
 THREAD_ENV = {"OMP_WAIT_POLICY": "passive"}
 if __name__ == "__main__":
     for _name, _value in THREAD_ENV.items():

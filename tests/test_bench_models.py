@@ -95,7 +95,7 @@ def _build_tool(tmp_path, name, flags=()):
 @pytest.mark.parametrize("variant", ["avx512", "avx2"])
 def test_loop_ceiling_tool_builds_and_runs(tmp_path, variant):
     # tools/loop_ceiling.c includes the kernels' sources: it must keep up with
-    # their signatures (the README quotes its figures).
+    # their signatures.
     exe = _build_tool(tmp_path, "loop_ceiling", ["-DCEILING_AVX2"] if variant == "avx2" else [])
     out = subprocess.run([str(exe), "32", "20", "3"], check=True, capture_output=True,
                          text=True).stdout
@@ -107,7 +107,7 @@ def test_loop_ceiling_tool_builds_and_runs(tmp_path, variant):
 
 def test_decode_ceiling_tool_builds_and_runs(tmp_path):
     # tools/decode_ceiling.c includes the AVX-512 kernels' sources: it must
-    # keep up with the few-rows kernels' signatures (the README quotes it).
+    # keep up with the few-rows kernels' signatures.
     exe = _build_tool(tmp_path, "decode_ceiling")
     out = subprocess.run([str(exe), "40", "3", "128", "2"], check=True, capture_output=True,
                          text=True).stdout

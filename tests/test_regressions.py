@@ -1,4 +1,4 @@
-"""Faults found by reviewing 0.1, each held to the right value (issue #2)."""
+"""Faults found by reviewing 0.1, each held to the right value."""
 import math
 import tracemalloc
 

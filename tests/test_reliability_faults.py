@@ -1,4 +1,4 @@
-"""Faults found by the reliability work (issue #6), each held by a test.
+"""Faults found by the reliability work, each held by a test.
 
 The kernel fault (NaN value rows of allowed keys with an underflowing weight)
 was fixed in csrc/kernels.inc; the Python-side ones in fastattn._validate.

@@ -1,5 +1,5 @@
 """Time fastattn.dask on a 2-worker LocalCluster against the in-memory call, and
-merge_attention against one read of its inputs (the README's Dask table).
+merge_attention against one read of its inputs (the Dask table of docs/performance.rst).
 
     python tools/bench_dask.py              # all three rows
     python tools/bench_dask.py --only merge --repeat 5

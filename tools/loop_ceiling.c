@@ -6,8 +6,8 @@
  * one key tile of 64 keys, each repeated on the same buffers. Their sum is
  * the time of one tile of a unit in full (non-causal) attention with no
  * memory traffic at all, and 2 products over it the highest FMA-peak
- * fraction those loops allow the call. (The README's tenth round quotes it
- * against the goal of 72 % for L=S=4096 D=128.)
+ * fraction those loops allow the call (the grid of `python -m fastattn
+ * bench` aims at 72 % for L=S=4096 D=128).
  *
  * With TILES, also one unit's walk over TILES different key and value
  * tiles (k and v of TILES * 64 rows each, rows D floats apart, as in a

@@ -9,7 +9,8 @@ from .common import IMPLS, random, sdpa_fn, set_threads
 
 
 class SDPA:
-    """B=1, H=8 self-attention, causal and not (issue #4's grid)."""
+    """B=1, H=8 self-attention, causal and not (the SDPA rows of the grid of
+    ``python -m fastattn bench``)."""
 
     params = (IMPLS, [1, 2], [64, 128], [1024, 4096], [False, True])
     param_names = ["impl", "threads", "D", "L", "causal"]
