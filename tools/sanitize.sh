@@ -44,7 +44,9 @@ case "$SYMS" in *__asan_report*) ;; *) echo "sanitize: the core is not instrumen
 case "$SYMS" in *GOMP_parallel*) ;; *) echo "sanitize: the core was built without OpenMP" >&2; exit 1;; esac
 
 export LD_PRELOAD="$LIBASAN"
-export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:halt_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1"
+# allocator_may_return_null: a request beyond memory (the tests ask for results of
+# 2**62 bytes) returns NULL, as malloc does, for the callers' checks to see.
+export ASAN_OPTIONS="detect_leaks=0:allocator_may_return_null=1:abort_on_error=1:halt_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
 export PYTHONPATH="$WORK/src"
 export HYPOTHESIS_PROFILE=fastattn-sanitize   # fewer examples (tests/conftest.py)

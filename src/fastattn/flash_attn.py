@@ -431,13 +431,12 @@ def _check_written_blocks(table, seqlens, end, block_size):
     if bad.any():
         b, j = (int(i[0]) for i in np.nonzero(bad))
         block = int(table[b, j])
-        others = [(int(c), int(e)) for c, e in zip(*np.nonzero(used & (table == block)))
-                  if (c, e) != (b, j)]
+        other = next(f"[{int(c)}, {int(e)}]" for c, e in zip(*np.nonzero(used & (table == block)))
+                     if (c, e) != (b, j))
         raise ValueError(f"block_table[{b}, {j}] = {block} is written by this call's k and v, "
-                         f"but block {block} is also used at block_table{list(others[:3])}: a "
-                         f"block that k and v are appended into must appear once in "
-                         f"block_table (only blocks that no append writes, e.g. a shared "
-                         f"prefix, may repeat)")
+                         f"but block {block} is also used at block_table{other}: a block that "
+                         f"k and v are appended into must appear once in block_table (only "
+                         f"blocks that no append writes, e.g. a shared prefix, may repeat)")
 
 
 def _gather_pages(cache, table_row, start, end):
