@@ -4,7 +4,8 @@ import importlib
 
 import pytest
 
-MODULES = ["fastattn._api", "fastattn._config", "fastattn.flash_attn", "fastattn.dask"]
+MODULES = ["fastattn._api", "fastattn._config", "fastattn.flash_attn",
+           "fastattn.flash_attn.bert_padding", "fastattn.dask"]
 
 
 @pytest.mark.parametrize("name", MODULES)

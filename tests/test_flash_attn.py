@@ -869,3 +869,121 @@ def test_kvcache_caches_sharing_memory_with_new_kv():
     got = flash_attn_with_kvcache(c["q"], kv[:, :, :, 0], kv[:, :, :, 1], c["k"], c["v"],
                                   cache_seqlens=3)
     assert np.array_equal(got, want)
+
+
+# ----------------------------------------------------------------------------
+# bert_padding: unpad_input, pad_input, index_first_axis
+
+from fastattn.flash_attn.bert_padding import index_first_axis, pad_input, unpad_input  # noqa: E402
+
+
+def _padding_mask(lengths, S, left=False):
+    mask = np.zeros((len(lengths), S), np.int64)
+    for b, n in enumerate(lengths):
+        if left:
+            mask[b, S - n:] = 1
+        else:
+            mask[b, :n] = 1
+    return mask
+
+
+@pytest.mark.parametrize("left", [False, True])
+def test_unpad_input_matches_masking(left):
+    rng = np.random.default_rng(40)
+    lengths, S = [5, 0, 3, 7], 7
+    mask = _padding_mask(lengths, S, left)
+    x = randn(rng, 4, S, 3, 2)
+    packed, idx, cu, max_seqlen, seqused = unpad_input(x, mask)
+    assert np.array_equal(packed, x[mask.astype(bool)])
+    assert np.array_equal(idx, np.flatnonzero(mask)) and idx.dtype == np.int64
+    assert cu.dtype == np.int32 and cu.tolist() == [0, 5, 5, 8, 15]
+    assert max_seqlen == 7 and type(max_seqlen) is int
+    assert seqused.dtype == np.int32 and seqused.tolist() == lengths
+    back = pad_input(packed, idx, 4, S)
+    assert back.dtype == x.dtype and np.array_equal(back, x * mask[:, :, None, None])
+    # token ids (2-d), bool masks, torch-free: any dtype goes through
+    ids = np.arange(28).reshape(4, 7)
+    packed_ids = unpad_input(ids, mask.astype(bool))[0]
+    assert packed_ids.dtype == ids.dtype and packed_ids.tolist() == ids[mask == 1].tolist()
+
+
+def test_unpad_input_unused_mask():
+    """Unused positions are packed and counted in cu_seqlens and max_seqlen,
+    not in seqused (FlashAttention >= 2.7's fifth return value)."""
+    x = np.arange(8.0).reshape(2, 4)
+    valid = np.array([[1, 1, 0, 0], [1, 0, 0, 0]])
+    unused = np.array([[0, 0, 1, 0], [0, 1, 1, 1]])
+    packed, idx, cu, max_seqlen, seqused = unpad_input(x, valid, unused)
+    assert packed.tolist() == [0, 1, 2, 4, 5, 6, 7]
+    assert idx.tolist() == [0, 1, 2, 4, 5, 6, 7]
+    assert cu.tolist() == [0, 3, 7] and max_seqlen == 4 and seqused.tolist() == [2, 1]
+
+
+def test_unpad_varlen_pad_equals_each_sequence_alone():
+    """The BERT flow: a padded batch unpadded, attended as packed sequences
+    (q, k and v unpadded together), padded back: each sequence's rows bitwise
+    those of flash_attn_func on that sequence alone, zeros at the padding."""
+    rng = np.random.default_rng(41)
+    lengths, S, H, D = [6, 2, 9, 4], 9, 4, 16
+    mask = _padding_mask(lengths, S)
+    qkv = randn(rng, 4, S, 3, H, D)
+    packed, idx, cu, max_seqlen, _ = unpad_input(qkv, mask)
+    out = flash_attn_varlen_func(packed[:, 0], packed[:, 1], packed[:, 2], cu, cu, max_seqlen,
+                                 max_seqlen, causal=True)
+    padded = pad_input(out, idx, 4, S)
+    for b, n in enumerate(lengths):
+        alone = flash_attn_func(qkv[b:b + 1, :n, 0], qkv[b:b + 1, :n, 1], qkv[b:b + 1, :n, 2],
+                                causal=True)
+        assert np.array_equal(padded[b, :n], alone[0])
+        assert not padded[b, n:].any()
+
+
+def test_index_first_axis():
+    x = np.arange(24).reshape(6, 2, 2)
+    idx = np.array([5, 0, 5, 2], np.int32)  # (repeats allowed)
+    got = index_first_axis(x, idx)
+    assert got.dtype == x.dtype and np.array_equal(got, x[idx])
+    assert np.array_equal(index_first_axis(np.arange(4.0), [3, 1]), [3.0, 1.0])
+    assert index_first_axis(x, np.zeros(0, np.int64)).shape == (0, 2, 2)
+
+
+BERT_PADDING_BAD = [
+    ("attention_mask must hold 0 .padding. and 1 .a token., got 2 at \\[1, 0\\]",
+     lambda: unpad_input(np.zeros((2, 3)), [[1, 1, 0], [2, 0, 0]]), ValueError),
+    ("attention_mask must hold bools or the integers 0 and 1, got dtype float64",
+     lambda: unpad_input(np.zeros((2, 3)), np.ones((2, 3))), TypeError),
+    (r"attention_mask must have shape \(batch, seqlen\), got \(6,\)",
+     lambda: unpad_input(np.zeros((2, 3)), np.ones(6, bool)), ValueError),
+    (r"hidden_states must have shape \(batch, seqlen, ...\) with \(batch, seqlen\) = "
+     r"attention_mask's shape \(2, 3\), got \(3, 2\)",
+     lambda: unpad_input(np.zeros((3, 2)), np.ones((2, 3), bool)), ValueError),
+    (r"unused_mask must have shape \(batch, seqlen\) = \(2, 3\), got \(2, 2\)",
+     lambda: unpad_input(np.zeros((2, 3)), np.ones((2, 3), bool), np.zeros((2, 2), bool)),
+     ValueError),
+    (r"unused_mask marks \[0, 2\], a token of attention_mask",
+     lambda: unpad_input(np.zeros((2, 3)), np.ones((2, 3), bool), [[0, 0, 1], [0, 0, 0]]),
+     ValueError),
+    (r"indices must lie in \[0, 4\) \(batch \* seqlen = 2 \* 2\), got 4 at 1",
+     lambda: pad_input(np.zeros((2, 1)), [0, 4], 2, 2), ValueError),
+    (r"indices must lie in \[0, 6\) \(input.shape\[0\]\), got -1 at 0",
+     lambda: index_first_axis(np.zeros((6, 2)), [-1]), ValueError),
+    (r"indices repeats 1 \(at 2 and earlier\)",
+     lambda: pad_input(np.zeros((3, 1)), [0, 1, 1], 2, 2), ValueError),
+    (r"indices must have one entry per row of hidden_states \(3\), got 2",
+     lambda: pad_input(np.zeros((3, 1)), [0, 1], 2, 2), ValueError),
+    ("indices must be an array of integers, got dtype float64",
+     lambda: pad_input(np.zeros((2, 1)), [0.0, 1.0], 2, 2), TypeError),
+    (r"indices must be 1-d, got shape \(1, 2\)",
+     lambda: index_first_axis(np.zeros((3, 1)), [[0, 1]]), ValueError),
+    ("batch must be an int >= 0, got -1", lambda: pad_input(np.zeros((0, 1)), [], -1, 2),
+     ValueError),
+    ("seqlen must be an int, got float", lambda: pad_input(np.zeros((0, 1)), [], 1, 2.0),
+     TypeError),
+]
+
+
+@pytest.mark.parametrize("words,call,exc", BERT_PADDING_BAD,
+                         ids=[f"{i}" for i in range(len(BERT_PADDING_BAD))])
+def test_bert_padding_bad_input(words, call, exc):
+    with pytest.raises(exc, match=words):
+        call()
