@@ -987,3 +987,179 @@ BERT_PADDING_BAD = [
 def test_bert_padding_bad_input(words, call, exc):
     with pytest.raises(exc, match=words):
         call()
+
+
+# ----------------------------------------------------------------------------
+# Packed q, k, v: views handed to the unpacked functions
+
+import inspect  # noqa: E402
+
+from fastattn.flash_attn import (flash_attn_kvpacked_func, flash_attn_qkvpacked_func,  # noqa: E402
+                                 flash_attn_varlen_kvpacked_func,
+                                 flash_attn_varlen_qkvpacked_func)
+
+# FlashAttention 2.x's signatures (flash_attn/flash_attn_interface.py), copied
+# here as data: the names, their order and the defaults a drop-in must match.
+_OPTS = [("dropout_p", 0.0), ("softmax_scale", None), ("causal", False),
+         ("window_size", (-1, -1)), ("softcap", 0.0), ("alibi_slopes", None),
+         ("deterministic", False), ("return_attn_probs", False)]
+FA_SIGNATURES = {
+    "flash_attn_qkvpacked_func": ["qkv"] + _OPTS,
+    "flash_attn_kvpacked_func": ["q", "kv"] + _OPTS,
+    "flash_attn_func": ["q", "k", "v"] + _OPTS,
+    "flash_attn_varlen_qkvpacked_func": ["qkv", "cu_seqlens", "max_seqlen"] + _OPTS,
+    "flash_attn_varlen_kvpacked_func": ["q", "kv", "cu_seqlens_q", "cu_seqlens_k",
+                                        "max_seqlen_q", "max_seqlen_k"] + _OPTS,
+    "flash_attn_varlen_func": ["q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q",
+                               "max_seqlen_k"] + _OPTS + [("block_table", None)],
+}
+
+
+@pytest.mark.parametrize("name", sorted(FA_SIGNATURES))
+def test_signatures_match_flash_attention(name):
+    params = list(inspect.signature(getattr(fa, name)).parameters.values())
+    positional = [p for p in params if p.kind == p.POSITIONAL_OR_KEYWORD]
+    want = [(p, inspect.Parameter.empty) if isinstance(p, str) else p for p in FA_SIGNATURES[name]]
+    assert [(p.name, p.default) for p in positional] == want
+    assert [p.name for p in params if p.kind == p.KEYWORD_ONLY] == ["out"]  # (the extension)
+    assert name in fa.__all__
+
+
+OPTIONS = [dict(), dict(causal=True), dict(window_size=(2, 1), softcap=3.0),
+           dict(causal=True, alibi_slopes="BH", softmax_scale=0.2)]
+
+
+def _options(rng, opts, B, H):
+    opts = dict(opts)
+    if opts.get("alibi_slopes") == "BH":
+        opts["alibi_slopes"] = rng.random((B, H)) * 0.5
+    return opts
+
+
+@pytest.mark.parametrize("opts", OPTIONS)
+def test_qkvpacked_bitwise_unpacked(opts):
+    rng = np.random.default_rng(50)
+    qkv = randn(rng, 2, 7, 3, 4, 16)
+    opts = _options(rng, opts, 2, 4)
+    got = flash_attn_qkvpacked_func(qkv, return_attn_probs=True, **opts)
+    want = flash_attn_func(qkv[:, :, 0].copy(), qkv[:, :, 1].copy(), qkv[:, :, 2].copy(),
+                           return_attn_probs=True, **opts)
+    assert len(got) == 3 and all(np.array_equal(g, w) for g, w in zip(got, want))
+    out = np.empty((2, 7, 4, 16), np.float32)
+    assert flash_attn_qkvpacked_func(qkv, out=out, **opts) is out
+    assert np.array_equal(out, want[0])
+
+
+@pytest.mark.parametrize("opts", OPTIONS)
+def test_kvpacked_bitwise_unpacked(opts):
+    rng = np.random.default_rng(51)
+    q, kv = randn(rng, 2, 5, 6, 8), randn(rng, 2, 9, 2, 3, 8)  # grouped heads: 6 over 3
+    opts = _options(rng, opts, 2, 6)
+    got = flash_attn_kvpacked_func(q, kv, return_attn_probs=True, **opts)
+    want = flash_attn_func(q, kv[:, :, 0].copy(), kv[:, :, 1].copy(), return_attn_probs=True,
+                           **opts)
+    assert len(got) == 3 and all(np.array_equal(g, w) for g, w in zip(got, want))
+    assert np.array_equal(flash_attn_kvpacked_func(q, kv, **opts), want[0])
+
+
+@pytest.mark.parametrize("opts", OPTIONS)
+def test_varlen_packed_bitwise_unpacked(opts):
+    rng = np.random.default_rng(52)
+    lens_q, lens_k = [3, 0, 5, 2], [4, 2, 5, 6]
+    cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
+    opts = _options(rng, opts, 4, 4)
+    qkv = randn(rng, cu_q[-1], 3, 4, 8)
+    got = flash_attn_varlen_qkvpacked_func(qkv, cu_q, 5, return_attn_probs=True, **opts)
+    want = flash_attn_varlen_func(qkv[:, 0].copy(), qkv[:, 1].copy(), qkv[:, 2].copy(), cu_q,
+                                  cu_q, 5, 5, return_attn_probs=True, **opts)
+    assert len(got) == 3 and all(np.array_equal(g, w) for g, w in zip(got, want))
+    q, kv = randn(rng, cu_q[-1], 4, 8), randn(rng, cu_k[-1], 2, 2, 8)
+    got = flash_attn_varlen_kvpacked_func(q, kv, cu_q, cu_k, 5, 6, return_attn_probs=True,
+                                          **opts)
+    want = flash_attn_varlen_func(q, kv[:, 0].copy(), kv[:, 1].copy(), cu_q, cu_k, 5, 6,
+                                  return_attn_probs=True, **opts)
+    assert len(got) == 3 and all(np.array_equal(g, w) for g, w in zip(got, want))
+    out = np.empty((cu_q[-1], 4, 8), np.float32)
+    assert flash_attn_varlen_kvpacked_func(q, kv, cu_q, cu_k, 5, 6, out=out, **opts) is out
+    assert np.array_equal(out, want[0])
+
+
+def test_packed_inputs_read_in_place():
+    """The views of the packed arrays are read where they lie: no copy of kv."""
+    import tracemalloc
+
+    rng = np.random.default_rng(53)
+    q, kv = randn(rng, 1, 4, 8, 64), randn(rng, 1, 4096, 2, 2, 64)
+    qkv = randn(rng, 1, 2048, 3, 2, 64)
+    flash_attn_kvpacked_func(q, kv)
+    flash_attn_varlen_kvpacked_func(q[0], kv[0], [0, 4], [0, 4096], 4, 4096)
+    for call in (lambda: flash_attn_kvpacked_func(q, kv, causal=True),
+                 lambda: flash_attn_varlen_kvpacked_func(q[0], kv[0], [0, 4], [0, 4096], 4, 4096),
+                 lambda: flash_attn_qkvpacked_func(qkv[:, :4], causal=True)):
+        tracemalloc.start()
+        try:
+            call()
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < kv.nbytes / 16
+
+
+PACKED_BAD = [
+    (r"qkv must have shape \(batch_size, seqlen, 3, nheads, headdim\) with headdim >= 1, got "
+     r"\(1, 4, 2, 2, 8\)", lambda: flash_attn_qkvpacked_func(np.zeros((1, 4, 2, 2, 8))),
+     ValueError),
+    (r"qkv must have 5 dimensions, got shape \(4, 3, 2, 8\)",
+     lambda: flash_attn_qkvpacked_func(np.zeros((4, 3, 2, 8))), ValueError),
+    ("qkv must have a real floating dtype",
+     lambda: flash_attn_qkvpacked_func(np.zeros((1, 4, 3, 2, 8), int)), TypeError),
+    (r"qkv must have shape \(batch_size, seqlen, 3, nheads, headdim\) with headdim >= 1, got "
+     r"\(1, 4, 3, 2, 0\)", lambda: flash_attn_qkvpacked_func(np.zeros((1, 4, 3, 2, 0))),
+     ValueError),
+    (r"kv must have shape \(batch_size, seqlen_k, 2, nheads_k, headdim\)",
+     lambda: flash_attn_kvpacked_func(np.zeros((1, 4, 2, 8)), np.zeros((1, 4, 3, 2, 8))),
+     ValueError),
+    (r"kv must have q's batch size \(1\), got kv of shape \(2, 4, 2, 2, 8\)",
+     lambda: flash_attn_kvpacked_func(np.zeros((1, 4, 2, 8)), np.zeros((2, 4, 2, 2, 8))),
+     ValueError),
+    (r"kv's head dimension must be q's \(8\), got kv of shape \(1, 4, 2, 2, 4\)",
+     lambda: flash_attn_kvpacked_func(np.zeros((1, 4, 2, 8)), np.zeros((1, 4, 2, 2, 4))),
+     ValueError),
+    (r"the number of query heads \(3\) must be a multiple of kv's number of heads \(2\)",
+     lambda: flash_attn_kvpacked_func(np.zeros((1, 4, 3, 8)), np.zeros((1, 4, 2, 2, 8))),
+     ValueError),
+    (r"kv must have shape \(total_k, 2, nheads_k, headdim\)",
+     lambda: flash_attn_varlen_kvpacked_func(np.zeros((4, 2, 8)), np.zeros((4, 1, 2, 8)),
+                                             [0, 4], [0, 4], 4, 4), ValueError),
+    ("cu_seqlens must end at total \\(qkv.shape\\[0\\]\\) = 4, got 3",
+     lambda: flash_attn_varlen_qkvpacked_func(np.zeros((4, 3, 2, 8)), [0, 3], 4), ValueError),
+    (r"max_seqlen \(2\) is smaller than the longest sequence \(3\)",
+     lambda: flash_attn_varlen_qkvpacked_func(np.zeros((4, 3, 2, 8)), [0, 3, 4], 2),
+     ValueError),
+    ("dropout_p must be 0.0",
+     lambda: flash_attn_qkvpacked_func(np.zeros((1, 4, 3, 2, 8)), 0.1), ValueError),
+]
+
+
+@pytest.mark.parametrize("words,call,exc", PACKED_BAD, ids=[str(i) for i in range(len(PACKED_BAD))])
+def test_packed_bad_input(words, call, exc):
+    with pytest.raises(exc, match=words):
+        call()
+
+
+def test_packed_out_must_not_overlap_the_packed_array():
+    """out is checked against the packed arrays as the caller gave them (and
+    named so), before anything is written."""
+    buf = np.zeros(2 * 4 * 3 * 2 * 8, np.float32)
+    qkv = buf.reshape(2, 4, 3, 2, 8)
+    with pytest.raises(ValueError, match="out must not share memory with qkv"):
+        flash_attn_qkvpacked_func(qkv, out=buf[:128].reshape(2, 4, 2, 8))
+    buf[:] = 1.0
+    q, kv = np.ones((1, 4, 2, 8), np.float32), buf[:128].reshape(1, 4, 2, 2, 8)
+    with pytest.raises(ValueError, match="out must not share memory with kv"):
+        flash_attn_kvpacked_func(q, kv, out=buf[64:128].reshape(1, 4, 2, 8))
+    with pytest.raises(ValueError, match="out must not share memory with kv"):
+        flash_attn_varlen_kvpacked_func(q[0], kv[0], [0, 4], [0, 4], 4, 4,
+                                        out=buf[64:128].reshape(4, 2, 8))
+    assert (buf == 1.0).all()

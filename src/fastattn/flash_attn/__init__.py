@@ -1,13 +1,16 @@
 """FlashAttention's Python API on the CPU, over fastattn's kernels.
 
-``flash_attn_func``, ``flash_attn_varlen_func`` and ``flash_attn_with_kvcache``
-take FlashAttention 2's argument names, defaults, layouts and return values, so
-that code written for ``flash_attn`` runs on NumPy arrays without a GPU:
+``flash_attn_func``, ``flash_attn_varlen_func``, ``flash_attn_with_kvcache``
+and the packed forms (``flash_attn_qkvpacked_func``, ``flash_attn_kvpacked_func``
+and their varlen twins) take FlashAttention 2's argument names, defaults,
+layouts and return values, so that code written for ``flash_attn`` runs on
+NumPy arrays without a GPU:
 
 >>> from fastattn.flash_attn import flash_attn_func  # instead of: from flash_attn import ...
 
 Layouts are FlashAttention's token-major ones: ``q (B, L, H, D)``,
-``k``/``v (B, S, Hkv, D)``; varlen ``(total, H, D)``; KV caches
+``k``/``v (B, S, Hkv, D)``, packed ``qkv (B, L, 3, H, D)`` and ``kv (B, S,
+2, Hkv, D)``; varlen ``(total, H, D)``; KV caches
 ``(B_cache, S_max, Hkv, D)`` or, paged, ``(num_blocks, block_size, Hkv, D)``
 with a ``block_table``. They are handed to the core as ``(B, H, L, D)`` views
 (``swapaxes``), never repeated per head. Results are float32 NumPy arrays.
@@ -38,7 +41,9 @@ from fastattn._validate import (_FLOAT32_MAX, _is_torch_tensor, as_array, check_
                                 check_out, check_scale, check_softcap, check_window,
                                 index_int64, int_array, new_array, shares_memory)
 
-__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"]
+__all__ = ["flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func",
+           "flash_attn_varlen_func", "flash_attn_varlen_kvpacked_func",
+           "flash_attn_varlen_qkvpacked_func", "flash_attn_with_kvcache"]
 
 
 # ----------------------------------------------------------------------------
@@ -346,6 +351,14 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     >>> bool(probs[0, 0, 0, 3:].any())  # query 0 sits at key position 0 + 7 - 5 = 2
     False
     """
+    return _attn(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                 deterministic, return_attn_probs, out)
+
+
+def _attn(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+          deterministic, return_attn_probs, out, given=None):
+    """flash_attn_func's work. `given`: the caller's arrays that q, k and v are
+    views of, as (name, array) pairs for out's overlap check (default: q, k, v)."""
     _check_dropout(dropout_p)
     q = _array(q, "q", 4)
     k = _array(k, "k", 4)
@@ -368,8 +381,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                        _check_alibi(alibi_slopes, B, H))
     _bool(deterministic, "deterministic")
     return_attn_probs = _bool(return_attn_probs, "return_attn_probs")
-    out = _check_out(out, (B, L, H, Dv), [("q", q), ("k", k), ("v", v),
-                                          ("alibi_slopes", alibi_slopes)])
+    given = [("q", q), ("k", k), ("v", v)] if given is None else given
+    out = _check_out(out, (B, L, H, Dv), given + [("alibi_slopes", alibi_slopes)])
     # (the probabilities first: where they do not fit, nothing has been written)
     probs = (fastattn.attention_weights(_bhld(q), _bhld(k), enable_gqa=True, **kw)
              if return_attn_probs else None)
@@ -438,6 +451,16 @@ def _check_written_blocks(table, seqlens, end, block_size):
                          f"block that k and v are appended into must appear once in "
                          f"block_table (only blocks that no append writes, e.g. a shared "
                          f"prefix, may repeat)")
+
+
+def _check_max_seqlen(value, name, lengths):
+    """`value` as an int, at least the longest of `lengths` (FlashAttention sizes
+    its grid from it: a longer sequence would be cut)."""
+    value = _int(value, name)
+    if lengths.size and value < lengths.max():
+        raise ValueError(f"{name} ({value}) is smaller than the longest sequence "
+                         f"({int(lengths.max())})")
+    return int(value)
 
 
 def _gather_pages(cache, table_row, start, end):
@@ -534,6 +557,17 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     >>> bool(np.array_equal(out[3:], alone[0]))
     True
     """
+    return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                   softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                   return_attn_probs, block_table, out)
+
+
+def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+            softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+            return_attn_probs, block_table, out, given=None):
+    """flash_attn_varlen_func's work. `given`: the caller's arrays that q, k, v
+    and the offsets come from, as (name, array) pairs for out's overlap check
+    (default: q, k, v, cu_seqlens_q, cu_seqlens_k)."""
     _check_dropout(dropout_p)
     q = _array(q, "q", 3)
     paged = block_table is not None
@@ -566,13 +600,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
             raise ValueError(f"cu_seqlens_k must have the length of cu_seqlens_q ({B + 1}), "
                              f"got {cu_k.size}")
     len_q, len_k = np.diff(cu_q), np.diff(cu_k)
-    for name, value, lengths in (("max_seqlen_q", max_seqlen_q, len_q),
-                                 ("max_seqlen_k", max_seqlen_k, len_k)):
-        value = _int(value, name)
-        if B and value < lengths.max():
-            raise ValueError(f"{name} ({value}) is smaller than the longest sequence "
-                             f"({int(lengths.max())})")
-    max_seqlen_q, max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
+    max_seqlen_q = _check_max_seqlen(max_seqlen_q, "max_seqlen_q", len_q)
+    max_seqlen_k = _check_max_seqlen(max_seqlen_k, "max_seqlen_k", len_k)
     causal = _bool(causal, "causal")
     window = _check_window(window_size, total_q + int(cu_k[-1]))
     scale, cap = _check_scale(softmax_scale), _check_softcap(softcap)
@@ -580,9 +609,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     _bool(deterministic, "deterministic")
     return_attn_probs = _bool(return_attn_probs, "return_attn_probs")
     # (the caller's arrays, as given: out may overlap none of them)
-    inputs = [("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q),
-              ("cu_seqlens_k", cu_seqlens_k), ("alibi_slopes", alibi_slopes),
-              ("block_table", block_table)]
+    if given is None:
+        given = [("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q),
+                 ("cu_seqlens_k", cu_seqlens_k)]
+    inputs = given + [("alibi_slopes", alibi_slopes), ("block_table", block_table)]
     probs = None
     if return_attn_probs:  # (before anything is written: its size is the caller's to choose)
         probs = new_array((B, H, max_seqlen_q, max_seqlen_k),
@@ -609,6 +639,328 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         probs[b, :, :q1 - q0, :k1 - k0] = fastattn.attention_weights(
             _bhld(q[q0:q1]), _bhld(k[k0:k1]), enable_gqa=True, **kw)
     return o, lse, probs
+
+
+# ----------------------------------------------------------------------------
+# Packed inputs: q, k and v (or k and v) stacked on one axis. Each function
+# hands views of the packed array to flash_attn_func or flash_attn_varlen_func
+# (the core reads such strided rows in place): the same checks, rules and bits.
+
+
+def _packed(x, name, layout):
+    """`x` as an ndarray of `layout` (the names of its axes, e.g. ("batch_size",
+    "seqlen", 3, "nheads", "headdim")): that many dimensions, the packing axis of
+    the stated size, a head dimension >= 1."""
+    arr = _array(x, name, len(layout))
+    n = next(a for a in layout if isinstance(a, int))
+    if arr.shape[layout.index(n)] != n or arr.shape[-1] < 1:
+        shape = ", ".join(str(a) for a in layout)
+        raise ValueError(f"{name} must have shape ({shape}) with headdim >= 1, got {arr.shape}")
+    return arr
+
+
+def _check_kv(q, kv):
+    """kv's batch (fixed-length layout only), heads and head dimension against q's."""
+    if kv.ndim == 5 and kv.shape[0] != q.shape[0]:
+        raise ValueError(f"kv must have q's batch size ({q.shape[0]}), got kv of shape "
+                         f"{kv.shape}")
+    if kv.shape[-1] != q.shape[-1]:
+        raise ValueError(f"kv's head dimension must be q's ({q.shape[-1]}), got kv of shape "
+                         f"{kv.shape}")
+    _check_heads(q.shape[-2], kv.shape[-2], "kv")
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
+                              window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                              deterministic=False, return_attn_probs=False, *, out=None):
+    """FlashAttention's ``flash_attn_qkvpacked_func``: self-attention on one packed array.
+
+    Parameters
+    ----------
+    qkv : array_like, shape (B, L, 3, H, D), real floating dtype
+        Queries, keys and values stacked on axis 2 (``qkv[:, :, 0]`` is q,
+        ``qkv[:, :, 1]`` k, ``qkv[:, :, 2]`` v), as the fused QKV projection
+        of a transformer block gives them. All three have H heads; for
+        grouped-query attention see :func:`flash_attn_kvpacked_func`.
+    dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic
+        As in :func:`flash_attn_func` (here ``S = L``).
+    return_attn_probs : bool, default False
+        Also return ``softmax_lse`` and the attention probabilities.
+    out : ndarray, optional
+        fastattn extension (keyword only): a writeable C-contiguous float32
+        array of shape (B, L, H, D), sharing no memory with `qkv` or
+        `alibi_slopes`, that receives the output and is returned.
+
+    Returns
+    -------
+    out : ndarray, float32, shape (B, L, H, D)
+    softmax_lse : ndarray, float32, shape (B, H, L)
+        Only with `return_attn_probs`, as in :func:`flash_attn_func`.
+    attn_probs : ndarray, float32, shape (B, H, L, L)
+        Only with `return_attn_probs`, as in :func:`flash_attn_func`.
+
+    Raises
+    ------
+    TypeError
+        If `qkv` does not have a real floating dtype, and as
+        :func:`flash_attn_func`.
+    ValueError
+        If `qkv` does not have 5 dimensions with 3 on axis 2 and a head
+        dimension >= 1, and as :func:`flash_attn_func` (`out` checked against
+        `qkv` and `alibi_slopes` as given).
+
+    Notes
+    -----
+    Signature, defaults and return values are those of FlashAttention 2.x's
+    ``flash_attn_qkvpacked_func`` (``flash_attn/flash_attn_interface.py``),
+    which splits ``qkv`` the same way. Here the three parts are views of
+    `qkv`, read in place (no copy), and the result is bitwise that of
+    ``flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], ...)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastattn.flash_attn import flash_attn_qkvpacked_func, flash_attn_func
+    >>> rng = np.random.default_rng(0)
+    >>> qkv = rng.standard_normal((2, 6, 3, 4, 16), dtype=np.float32)  # (B, L, 3, H, D)
+    >>> out = flash_attn_qkvpacked_func(qkv, causal=True)
+    >>> out.shape
+    (2, 6, 4, 16)
+    >>> q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    >>> bool(np.array_equal(out, flash_attn_func(q, k, v, causal=True)))
+    True
+    """
+    given = qkv
+    qkv = _packed(qkv, "qkv", ("batch_size", "seqlen", 3, "nheads", "headdim"))
+    return _attn(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dropout_p, softmax_scale, causal,
+                 window_size, softcap, alibi_slopes, deterministic, return_attn_probs, out,
+                 given=[("qkv", given)])
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
+                             window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                             deterministic=False, return_attn_probs=False, *, out=None):
+    """FlashAttention's ``flash_attn_kvpacked_func``: attention with keys and values packed.
+
+    Parameters
+    ----------
+    q : array_like, shape (B, L, H, D), real floating dtype
+        Queries.
+    kv : array_like, shape (B, S, 2, Hkv, D), real floating dtype
+        Keys (``kv[:, :, 0]``) and values (``kv[:, :, 1]``) stacked on axis 2;
+        ``H % Hkv == 0`` (grouped-query and multi-query attention as in
+        :func:`flash_attn_func`).
+    dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic
+        As in :func:`flash_attn_func`.
+    return_attn_probs : bool, default False
+        Also return ``softmax_lse`` and the attention probabilities.
+    out : ndarray, optional
+        fastattn extension (keyword only): a writeable C-contiguous float32
+        array of shape (B, L, H, D), sharing no memory with `q`, `kv` or
+        `alibi_slopes`, that receives the output and is returned.
+
+    Returns
+    -------
+    out : ndarray, float32, shape (B, L, H, D)
+    softmax_lse : ndarray, float32, shape (B, H, L)
+        Only with `return_attn_probs`, as in :func:`flash_attn_func`.
+    attn_probs : ndarray, float32, shape (B, H, L, S)
+        Only with `return_attn_probs`, as in :func:`flash_attn_func`.
+
+    Raises
+    ------
+    TypeError
+        If `q` or `kv` does not have a real floating dtype, and as
+        :func:`flash_attn_func`.
+    ValueError
+        If `kv` does not have 5 dimensions with 2 on axis 2 and a head
+        dimension >= 1, or its batch size, head dimension or heads do not
+        fit `q`'s, and as :func:`flash_attn_func` (`out` checked against `q`,
+        `kv` and `alibi_slopes` as given).
+
+    Notes
+    -----
+    Signature, defaults and return values are those of FlashAttention 2.x's
+    ``flash_attn_kvpacked_func`` (``flash_attn/flash_attn_interface.py``).
+    The keys and values are views of `kv`, read in place (no copy); the
+    result is bitwise that of ``flash_attn_func(q, kv[:, :, 0], kv[:, :, 1],
+    ...)``.
+
+    Examples
+    --------
+    Cross-attention of 3 queries over 5 packed keys and values, 2 query heads
+    per kv head:
+
+    >>> import numpy as np
+    >>> from fastattn.flash_attn import flash_attn_kvpacked_func, flash_attn_func
+    >>> rng = np.random.default_rng(0)
+    >>> q = rng.standard_normal((2, 3, 4, 8), dtype=np.float32)       # (B, L, H, D)
+    >>> kv = rng.standard_normal((2, 5, 2, 2, 8), dtype=np.float32)   # (B, S, 2, Hkv, D)
+    >>> out, lse, probs = flash_attn_kvpacked_func(q, kv, return_attn_probs=True)
+    >>> out.shape, lse.shape, probs.shape
+    ((2, 3, 4, 8), (2, 4, 3), (2, 4, 3, 5))
+    >>> bool(np.array_equal(out, flash_attn_func(q, kv[:, :, 0], kv[:, :, 1])))
+    True
+    """
+    given = [("q", q), ("kv", kv)]
+    q = _array(q, "q", 4)
+    kv = _packed(kv, "kv", ("batch_size", "seqlen_k", 2, "nheads_k", "headdim"))
+    _check_kv(q, kv)
+    return _attn(q, kv[:, :, 0], kv[:, :, 1], dropout_p, softmax_scale, causal, window_size,
+                 softcap, alibi_slopes, deterministic, return_attn_probs, out, given=given)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
+                                     softmax_scale=None, causal=False, window_size=(-1, -1),
+                                     softcap=0.0, alibi_slopes=None, deterministic=False,
+                                     return_attn_probs=False, *, out=None):
+    """FlashAttention's ``flash_attn_varlen_qkvpacked_func``: packed sequences, packed q, k, v.
+
+    Parameters
+    ----------
+    qkv : array_like, shape (total, 3, H, D), real floating dtype
+        The queries (``qkv[:, 0]``), keys (``qkv[:, 1]``) and values
+        (``qkv[:, 2]``) of all sequences, one after the other (as
+        :func:`fastattn.flash_attn.bert_padding.unpad_input` packs them).
+    cu_seqlens : array_like of int, shape (B + 1,)
+        Offsets: sequence ``b`` is ``qkv[cu_seqlens[b]:cu_seqlens[b + 1]]``.
+        Starts at 0, does not decrease, ends at total.
+    max_seqlen : int
+        At least the longest sequence, else ValueError.
+    dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic
+        As in :func:`flash_attn_varlen_func`, each sequence attending to
+        itself (``L_b = S_b``).
+    return_attn_probs : bool, default False
+        Also return ``softmax_lse`` and the attention probabilities.
+    out : ndarray, optional
+        fastattn extension (keyword only): a float32 (total, H, D) array
+        receiving the output, sharing no memory with the arguments.
+
+    Returns
+    -------
+    out : ndarray, float32, shape (total, H, D)
+    softmax_lse : ndarray, float32, shape (H, total)
+        Only with `return_attn_probs`, as in :func:`flash_attn_varlen_func`.
+    attn_probs : ndarray, float32, shape (B, H, max_seqlen, max_seqlen)
+        Only with `return_attn_probs`, as in :func:`flash_attn_varlen_func`.
+
+    Raises
+    ------
+    TypeError
+        If `qkv` does not have a real floating dtype or `cu_seqlens` is not
+        integers, and as :func:`flash_attn_varlen_func`.
+    ValueError
+        If `qkv` does not have 4 dimensions with 3 on axis 1 and a head
+        dimension >= 1, `cu_seqlens` is not as described, `max_seqlen` is
+        smaller than a sequence, and as :func:`flash_attn_varlen_func`.
+
+    Notes
+    -----
+    Signature, defaults and return values are those of FlashAttention 2.x's
+    ``flash_attn_varlen_qkvpacked_func`` (``flash_attn/flash_attn_interface.py``),
+    which passes ``cu_seqlens`` and ``max_seqlen`` for both queries and keys,
+    as here. The three parts are views of `qkv`, read in place; the result
+    is bitwise that of ``flash_attn_varlen_func(qkv[:, 0], qkv[:, 1],
+    qkv[:, 2], cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, ...)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastattn.flash_attn import (flash_attn_varlen_qkvpacked_func,
+    ...                                  flash_attn_qkvpacked_func)
+    >>> rng = np.random.default_rng(0)
+    >>> qkv = rng.standard_normal((7, 3, 2, 8), dtype=np.float32)  # 3 + 4 tokens
+    >>> cu = np.array([0, 3, 7], np.int32)
+    >>> out = flash_attn_varlen_qkvpacked_func(qkv, cu, 4, causal=True)
+    >>> out.shape
+    (7, 2, 8)
+    >>> alone = flash_attn_qkvpacked_func(qkv[None, 3:], causal=True)  # the second one
+    >>> bool(np.array_equal(out[3:], alone[0]))
+    True
+    """
+    given = [("qkv", qkv), ("cu_seqlens", cu_seqlens)]
+    qkv = _packed(qkv, "qkv", ("total", 3, "nheads", "headdim"))
+    cu = check_cu_seqlens(cu_seqlens, "cu_seqlens", qkv.shape[0], "total (qkv.shape[0])")
+    _check_max_seqlen(max_seqlen, "max_seqlen", np.diff(cu))
+    return _varlen(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu, cu, max_seqlen, max_seqlen, dropout_p,
+                   softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                   return_attn_probs, None, out, given=given)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                    max_seqlen_k, dropout_p=0.0, softmax_scale=None,
+                                    causal=False, window_size=(-1, -1), softcap=0.0,
+                                    alibi_slopes=None, deterministic=False,
+                                    return_attn_probs=False, *, out=None):
+    """FlashAttention's ``flash_attn_varlen_kvpacked_func``: packed sequences, packed k and v.
+
+    Parameters
+    ----------
+    q : array_like, shape (total_q, H, D), real floating dtype
+        The queries of all sequences, one after the other.
+    kv : array_like, shape (total_k, 2, Hkv, D), real floating dtype
+        The keys (``kv[:, 0]``) and values (``kv[:, 1]``) of all sequences;
+        ``H % Hkv == 0``.
+    cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
+        As in :func:`flash_attn_varlen_func` (`cu_seqlens_k` indexes `kv`).
+    dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic
+        As in :func:`flash_attn_varlen_func`.
+    return_attn_probs : bool, default False
+        Also return ``softmax_lse`` and the attention probabilities.
+    out : ndarray, optional
+        fastattn extension (keyword only): a float32 (total_q, H, D) array
+        receiving the output, sharing no memory with the arguments.
+
+    Returns
+    -------
+    out : ndarray, float32, shape (total_q, H, D)
+    softmax_lse : ndarray, float32, shape (H, total_q)
+        Only with `return_attn_probs`, as in :func:`flash_attn_varlen_func`.
+    attn_probs : ndarray, float32, shape (B, H, max_seqlen_q, max_seqlen_k)
+        Only with `return_attn_probs`, as in :func:`flash_attn_varlen_func`.
+
+    Raises
+    ------
+    TypeError
+        If `q` or `kv` does not have a real floating dtype, and as
+        :func:`flash_attn_varlen_func`.
+    ValueError
+        If `kv` does not have 4 dimensions with 2 on axis 1 and a head
+        dimension >= 1, or its head dimension or heads do not fit `q`'s, and
+        as :func:`flash_attn_varlen_func`.
+
+    Notes
+    -----
+    Signature, defaults and return values are those of FlashAttention 2.x's
+    ``flash_attn_varlen_kvpacked_func`` (``flash_attn/flash_attn_interface.py``).
+    The keys and values are views of `kv`, read in place; the result is
+    bitwise that of ``flash_attn_varlen_func(q, kv[:, 0], kv[:, 1], ...)``.
+
+    Examples
+    --------
+    Two sequences of 2 and 3 queries over 4 and 1 packed keys and values:
+
+    >>> import numpy as np
+    >>> from fastattn.flash_attn import flash_attn_varlen_kvpacked_func, flash_attn_varlen_func
+    >>> rng = np.random.default_rng(0)
+    >>> q = rng.standard_normal((5, 4, 8), dtype=np.float32)       # (total_q, H, D)
+    >>> kv = rng.standard_normal((5, 2, 1, 8), dtype=np.float32)   # (total_k, 2, Hkv, D)
+    >>> cu_q, cu_k = np.array([0, 2, 5]), np.array([0, 4, 5])
+    >>> out = flash_attn_varlen_kvpacked_func(q, kv, cu_q, cu_k, 3, 4)
+    >>> out.shape
+    (5, 4, 8)
+    >>> same = flash_attn_varlen_func(q, kv[:, 0], kv[:, 1], cu_q, cu_k, 3, 4)
+    >>> bool(np.array_equal(out, same))
+    True
+    """
+    given = [("q", q), ("kv", kv), ("cu_seqlens_q", cu_seqlens_q),
+             ("cu_seqlens_k", cu_seqlens_k)]
+    q = _array(q, "q", 3)
+    kv = _packed(kv, "kv", ("total_k", 2, "nheads_k", "headdim"))
+    _check_kv(q, kv)
+    return _varlen(q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                   max_seqlen_k, dropout_p, softmax_scale, causal, window_size, softcap,
+                   alibi_slopes, deterministic, return_attn_probs, None, out, given=given)
 
 
 # ----------------------------------------------------------------------------
