@@ -1163,3 +1163,132 @@ def test_packed_out_must_not_overlap_the_packed_array():
         flash_attn_varlen_kvpacked_func(q[0], kv[0], [0, 4], [0, 4], 4, 4,
                                         out=buf[64:128].reshape(4, 2, 8))
     assert (buf == 1.0).all()
+
+
+# ----------------------------------------------------------------------------
+# layers.rotary.apply_rotary_emb: the rotation flash_attn_with_kvcache applies
+
+from fastattn.flash_attn.layers.rotary import apply_rotary_emb, apply_rotary_emb_func  # noqa: E402
+
+
+def _tables(rng, n, rotary_dim):
+    angle = rng.random((n, rotary_dim // 2)) * 2 * np.pi
+    return np.cos(angle), np.sin(angle)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("rotary_dim", [16, 6])
+@pytest.mark.parametrize("offsets", [0, 3, "per sequence"])
+def test_apply_rotary_emb_matches_model(interleaved, rotary_dim, offsets):
+    rng = np.random.default_rng(60)
+    x = randn(rng, 3, 5, 2, 16)
+    cos, sin = _tables(rng, 20, rotary_dim)
+    offsets = np.array([0, 7, 15]) if offsets == "per sequence" else offsets
+    y = apply_rotary_emb(x, cos, sin, interleaved=interleaved, seqlen_offsets=offsets)
+    pos = np.broadcast_to(np.asarray(offsets)[..., None], (3, 1)) + np.arange(5)
+    want = rope_model(x, cos, sin, pos, interleaved)
+    assert y.dtype == np.float32 and y.shape == x.shape
+    np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-6)
+    assert np.array_equal(y[..., rotary_dim:], x[..., rotary_dim:])  # the rest kept
+    # packed: each sequence at its own offset, the same bits
+    lens = [5, 2, 4]
+    cu = np.concatenate([[0], np.cumsum(lens)])
+    packed = np.concatenate([x[b, :n] for b, n in enumerate(lens)])
+    yp = apply_rotary_emb(packed, cos, sin, interleaved=interleaved, seqlen_offsets=offsets,
+                          cu_seqlens=cu, max_seqlen=5)
+    assert np.array_equal(yp, np.concatenate([y[b, :n] for b, n in enumerate(lens)]))
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("causal", [False, True])
+def test_apply_rotary_emb_is_kvcache_rotation(interleaved, causal):
+    """One rule: what flash_attn_with_kvcache does with rotary_cos and
+    rotary_sin is, bit for bit, apply_rotary_emb on q and k at the cache's
+    positions followed by the call without the tables."""
+    rng = np.random.default_rng(61)
+    c = _cache_case(rng, L=3, L_new=3)
+    cos, sin = _tables(rng, 30, 10)
+    cs = np.array([2, 9, 21])
+    kc1, vc1 = c["k_cache"].copy(), c["v_cache"].copy()
+    o1 = flash_attn_with_kvcache(c["q"], kc1, vc1, c["k"], c["v"], rotary_cos=cos,
+                                 rotary_sin=sin, cache_seqlens=cs, causal=causal,
+                                 rotary_interleaved=interleaved)
+    # without causal or a window, every row of q sits at cache_seqlens[b]
+    q_rot = (apply_rotary_emb(c["q"], cos, sin, interleaved, seqlen_offsets=cs) if causal else
+             np.concatenate([apply_rotary_emb(c["q"][:, i:i + 1], cos, sin, interleaved,
+                                              seqlen_offsets=cs) for i in range(3)], axis=1))
+    k_rot = apply_rotary_emb(c["k"], cos, sin, interleaved, seqlen_offsets=cs)
+    kc2, vc2 = c["k_cache"].copy(), c["v_cache"].copy()
+    o2 = flash_attn_with_kvcache(q_rot, kc2, vc2, k_rot, c["v"], cache_seqlens=cs, causal=causal)
+    assert np.array_equal(kc1, kc2) and np.array_equal(vc1, vc2) and np.array_equal(o1, o2)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64", "bfloat16"])
+def test_apply_rotary_emb_dtypes_and_inplace(dtype):
+    if dtype == "bfloat16":
+        dtype = pytest.importorskip("ml_dtypes").bfloat16
+    rng = np.random.default_rng(62)
+    x = randn(rng, 2, 4, 3, 8).astype(dtype)
+    cos, sin = _tables(rng, 8, 8)
+    y = apply_rotary_emb(x, cos, sin)
+    # computed in float32 (FlashAttention's kernel), rounded to x's dtype once
+    want = apply_rotary_emb(x.astype(np.float32), cos.astype(np.float32), sin.astype(np.float32))
+    assert y.dtype == x.dtype and np.array_equal(y, want.astype(dtype))
+    z = x.copy()
+    assert apply_rotary_emb(z, cos, sin, inplace=True) is z
+    assert np.array_equal(z, y)
+    assert apply_rotary_emb_func is apply_rotary_emb
+
+
+def test_apply_rotary_emb_inplace_torch():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(63)
+    x = randn(rng, 1, 4, 2, 8)
+    cos, sin = _tables(rng, 4, 8)
+    t = torch.from_numpy(x.copy())
+    assert apply_rotary_emb(t, cos, sin, inplace=True) is t
+    assert np.array_equal(t.numpy(), apply_rotary_emb(x, cos, sin))
+
+
+ROTARY_BAD = [
+    (r"cos and sin have 8 positions; sequence 1 needs positions 5 to 8 \(seqlen_offsets \+ "
+     r"its tokens\)", dict(seqlen_offsets=np.array([0, 5])), ValueError),
+    (r"cos and sin have 8 positions; sequence 0 needs positions 6 to 9",
+     dict(seqlen_offsets=6), ValueError),
+    (r"seqlen_offsets must be >= 0, got -1 for sequence 1",
+     dict(seqlen_offsets=np.array([0, -1])), ValueError),
+    ("seqlen_offsets must be an int >= 0, got -2", dict(seqlen_offsets=-2), ValueError),
+    (r"seqlen_offsets must have shape \(2,\), got \(3,\)",
+     dict(seqlen_offsets=np.zeros(3, int)), ValueError),
+    ("seqlen_offsets must be an array of integers", dict(seqlen_offsets=np.zeros(2)),
+     TypeError),
+    (r"sin must have cos's shape \(8, 4\), got \(8, 3\)", dict(sin=np.zeros((8, 3))),
+     ValueError),
+    (r"cos must have shape \(seqlen_ro, rotary_dim / 2\) with 1 <= rotary_dim <= headdim = 8",
+     dict(cos=np.zeros((8, 5)), sin=np.zeros((8, 5))), ValueError),
+    (r"x must have 3 dimensions", dict(cu_seqlens=[0, 2]), ValueError),
+    ("max_seqlen is needed with cu_seqlens",
+     dict(x=np.zeros((5, 3, 8)), cu_seqlens=[0, 2, 5]), ValueError),
+    (r"max_seqlen \(2\) is smaller than the longest sequence \(3\)",
+     dict(x=np.zeros((5, 3, 8)), cu_seqlens=[0, 2, 5], max_seqlen=2), ValueError),
+    ("cu_seqlens must end at total",
+     dict(x=np.zeros((5, 3, 8)), cu_seqlens=[0, 2, 4], max_seqlen=2), ValueError),
+    ("x must be writeable: it is rotated in place",
+     dict(x=np.broadcast_to(np.zeros(8), (2, 4, 3, 8)), inplace=True), ValueError),
+    ("x must be a NumPy array or a CPU torch tensor",
+     dict(x=np.zeros((2, 4, 3, 8)).tolist(), inplace=True), TypeError),
+    ("inplace must be a bool", dict(inplace=1), TypeError),
+    ("max_seqlen must be an int", dict(max_seqlen=2.5), TypeError),
+]
+
+
+@pytest.mark.parametrize("words,change,exc", ROTARY_BAD,
+                         ids=[str(i) for i in range(len(ROTARY_BAD))])
+def test_apply_rotary_emb_bad_input(words, change, exc):
+    kw = dict(x=np.zeros((2, 4, 3, 8)), cos=np.ones((8, 4)), sin=np.zeros((8, 4)))
+    kw.update(change)
+    x = kw["x"]
+    before = np.array(x, copy=True)
+    with pytest.raises(exc, match=words):
+        apply_rotary_emb(**kw)
+    assert np.array_equal(np.asarray(x), before)

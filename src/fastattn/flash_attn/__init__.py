@@ -54,16 +54,17 @@ def _real_float_dtype(dtype):
     return dtype.kind == "f" or dtype.name == "bfloat16"
 
 
-def _array(x, name, ndim, writeable=False):
+def _array(x, name, ndim, writeable=""):
     """`x` as an ndarray of a real floating dtype with `ndim` dims (no copy).
-    With `writeable` (a cache that k and v are appended into) it must be a
-    NumPy array or a CPU torch tensor, whose memory the NumPy view shares."""
+    With `writeable` (what is written into it, for the error: a cache that k
+    and v are appended into, an array rotated in place) it must be a NumPy
+    array or a CPU torch tensor, whose memory the NumPy view shares."""
     if writeable and not (isinstance(x, np.ndarray) or _is_torch_tensor(x)):
         raise TypeError(f"{name} must be a NumPy array or a CPU torch tensor (it is updated "
                         f"in place), got {type(x).__name__}")
     arr = as_array(x, name)  # torch tensors, DLPack, bfloat16: fastattn's one rule
     if writeable and not arr.flags.writeable:
-        raise ValueError(f"{name} must be writeable: k and v are appended into it in place")
+        raise ValueError(f"{name} must be writeable: {writeable}")
     if not _real_float_dtype(arr.dtype):
         raise TypeError(f"{name} must have a real floating dtype (float16, bfloat16, float32 "
                         f"or float64), got {arr.dtype}")
@@ -967,22 +968,45 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
 # flash_attn_with_kvcache
 
 
-def _rotate(x, cos, sin, pos, interleaved):
-    """Rotary embedding of the first ``2 * cos.shape[1]`` features of x (B, T, H,
-    D), token t of batch b at position pos[b, t]; a new float32 array."""
+def _rotary_tables(cos, sin, D, cos_name, sin_name):
+    """The rotary tables cos and sin (seqlen_ro, rotary_dim / 2) as float32
+    copies, with 1 <= rotary_dim <= D (the head dimension)."""
+    cos = _array(cos, cos_name, 2).astype(np.float32)
+    sin = _array(sin, sin_name, 2).astype(np.float32)
+    if sin.shape != cos.shape:
+        raise ValueError(f"{sin_name} must have {cos_name}'s shape {cos.shape}, got "
+                         f"{sin.shape}")
+    if not 1 <= 2 * cos.shape[1] <= D:
+        raise ValueError(f"{cos_name} must have shape (seqlen_ro, rotary_dim / 2) with "
+                         f"1 <= rotary_dim <= headdim = {D}, got {cos.shape}")
+    return cos, sin
+
+
+def _rotate(x, cos, sin, pos, interleaved, out=None):
+    """The rotary embedding, in one place for flash_attn_with_kvcache and
+    layers.rotary.apply_rotary_emb: the first ``rd = 2 * cos.shape[1]``
+    features of x (..., T, H, D) turned, token t by the angle of row
+    ``pos[..., t]`` of the float32 tables cos and sin (rd / 2 columns), the
+    same for every head. Feature pairs (2i, 2i + 1) when `interleaved` (GPT-J),
+    else (i, i + rd / 2) (GPT-NeoX); the other features are kept.
+
+    The arithmetic is float32 (FlashAttention's rotary kernel loads x, cos and
+    sin as float32): ``x1 * cos - x2 * sin`` and ``x1 * sin + x2 * cos``, each
+    product rounded, no fused multiply-add. The result goes into `out` (x's
+    shape, any real floating dtype: cast on the write; x itself for an update
+    in place), else into a new float32 copy of x; returned."""
     half = cos.shape[1]
     rd = 2 * half
-    out = np.array(x, dtype=np.float32, copy=True)
-    c = cos[pos][:, :, None, :]  # (B, T, 1, rd / 2)
-    s = sin[pos][:, :, None, :]
-    if interleaved:  # pairs (0, 1), (2, 3), ... (GPT-J)
-        x1, x2 = out[..., 0:rd:2].copy(), out[..., 1:rd:2].copy()
-        out[..., 0:rd:2] = x1 * c - x2 * s
-        out[..., 1:rd:2] = x1 * s + x2 * c
-    else:  # pairs (i, i + rd / 2) (GPT-NeoX)
-        x1, x2 = out[..., :half].copy(), out[..., half:rd].copy()
-        out[..., :half] = x1 * c - x2 * s
-        out[..., half:rd] = x1 * s + x2 * c
+    a, b = (slice(0, rd, 2), slice(1, rd, 2)) if interleaved else (slice(0, half),
+                                                                    slice(half, rd))
+    c = cos[pos][..., None, :]  # (..., T, 1, rd / 2): the heads share the angle
+    s = sin[pos][..., None, :]
+    x1 = np.array(x[..., a], dtype=np.float32)  # (copies: out may be x)
+    x2 = np.array(x[..., b], dtype=np.float32)
+    if out is None:
+        out = np.array(x, dtype=np.float32, copy=True)
+    out[..., a] = x1 * c - x2 * s
+    out[..., b] = x1 * s + x2 * c
     return out
 
 
@@ -1207,8 +1231,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     new_kv = k is not None or v is not None
     if (k is None) != (v is None):
         raise ValueError("k and v must be given together (the new keys and values)")
-    k_cache = _array(k_cache, "k_cache", 4, writeable=new_kv)
-    v_cache = _array(v_cache, "v_cache", 4, writeable=new_kv)
+    appended = "k and v are appended into it in place" if new_kv else ""
+    k_cache = _array(k_cache, "k_cache", 4, writeable=appended)
+    v_cache = _array(v_cache, "v_cache", 4, writeable=appended)
     if new_kv and shares_memory(k_cache, v_cache):
         raise ValueError("k_cache and v_cache must not share memory when k and v are appended "
                          "(each position would be written twice)")
@@ -1324,14 +1349,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         if not new_kv:
             raise ValueError("rotary_cos and rotary_sin need k and v (the rotary embedding is "
                              "applied to the new keys and the queries)")
-        cos = _array(rotary_cos, "rotary_cos", 2).astype(np.float32)
-        sin = _array(rotary_sin, "rotary_sin", 2).astype(np.float32)
-        if sin.shape != cos.shape:
-            raise ValueError(f"rotary_sin must have rotary_cos's shape {cos.shape}, got "
-                             f"{sin.shape}")
-        if not 1 <= 2 * cos.shape[1] <= D:
-            raise ValueError(f"rotary_cos must have shape (seqlen_ro, rotary_dim / 2) with "
-                             f"1 <= rotary_dim <= headdim = {D}, got {cos.shape}")
+        cos, sin = _rotary_tables(rotary_cos, rotary_sin, D, "rotary_cos", "rotary_sin")
         # FlashAttention: "local" is a window side below the cache length.
         local = any(side is not None and side < capacity for side in window)
         q_pos = seqlens[:, None] + (np.arange(L) if causal or local else np.zeros(L, np.int64))
