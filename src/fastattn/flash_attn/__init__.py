@@ -140,7 +140,7 @@ def _check_softcap(softcap):
     try:
         value = float(softcap)
     except OverflowError:  # an int beyond float64's range
-        value = math.inf if softcap > 0 else -math.inf
+        value = -math.inf if softcap < 0 else math.inf  # (numbers.Real has __lt__)
     if value <= 0:  # (FlashAttention: "anything > 0 activates softcapping")
         return None
     if not value <= _FLOAT32_MAX:  # (NaN fails too)
@@ -1308,10 +1308,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if B and bad.any():
         b = int(np.argmax(bad))
         got = value if scalar else int(seqlens[b])
-        where = ("block_table addresses" if paged else "k_cache has (k_cache.shape[1])")
+        room = ("block_table addresses" if paged else "k_cache has (k_cache.shape[1])")
         raise ValueError(f"cache_seqlens[{b}] = {got}"
                          + (f" plus seqlen_new = {L_new}" if L_new else "")
-                         + f" must lie in [0, {capacity}]: the positions {where}")
+                         + f" must lie in [0, {capacity}]: the positions {room}")
     end = seqlens + L_new
     if cache_leftpad is None:
         start = np.zeros(B, np.int64)
