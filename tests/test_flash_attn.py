@@ -1292,3 +1292,12 @@ def test_apply_rotary_emb_bad_input(words, change, exc):
     with pytest.raises(exc, match=words):
         apply_rotary_emb(**kw)
     assert np.array_equal(np.asarray(x), before)
+
+
+def test_version_is_the_flash_attention_api_followed():
+    """__version__ names the FlashAttention release whose API is matched (a
+    version that code comparing flash_attn.__version__ can parse), not
+    fastattn's own."""
+    assert fa.__version__ == "2.8.3"
+    assert tuple(int(p) for p in fa.__version__.split(".")) >= (2, 7, 0)
+    assert fa.__version__ != fastattn.__version__

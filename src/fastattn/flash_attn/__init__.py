@@ -28,6 +28,14 @@ with None for -1, ``softcap=None`` for 0.0, ``is_causal``, ``enable_gqa``.
 This is inference only: ``dropout_p != 0`` raises ``ValueError``; there is no
 backward pass (``deterministic`` is accepted and has no effect: the forward
 pass is deterministic, bitwise, for every thread count).
+
+FlashAttention's neighbouring modules sit where FlashAttention has them:
+:mod:`fastattn.flash_attn.bert_padding` (``unpad_input``, ``pad_input``,
+``index_first_axis``) and :mod:`fastattn.flash_attn.layers.rotary`
+(``apply_rotary_emb``). ``__version__`` is the FlashAttention release whose
+Python API this package follows (see its comment), not fastattn's own
+version; where fastattn differs from FlashAttention on purpose,
+:doc:`/howto/conventions` says so.
 """
 import math
 import numbers
@@ -40,6 +48,14 @@ from fastattn import _api  # _paged_sdpa: the kernel's in-place paged read
 from fastattn._validate import (_FLOAT32_MAX, _is_torch_tensor, as_array, check_cu_seqlens,
                                 check_out, check_scale, check_softcap, check_window,
                                 index_int64, int_array, new_array, shares_memory)
+
+# The FlashAttention release whose Python API this package follows: the names,
+# signatures, defaults and return values of flash_attn 2.8.3, which are those of
+# every release from 2.7.0 on for the functions here (2.7.0 gave unpad_input its
+# unused_mask and fifth return value). Code that checks flash_attn.__version__
+# before using a feature then sees the API it gets. fastattn's own version is
+# fastattn.__version__.
+__version__ = "2.8.3"
 
 __all__ = ["flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func",
            "flash_attn_varlen_func", "flash_attn_varlen_kvpacked_func",
