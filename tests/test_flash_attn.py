@@ -1301,3 +1301,182 @@ def test_version_is_the_flash_attention_api_followed():
     assert fa.__version__ == "2.8.3"
     assert tuple(int(p) for p in fa.__version__.split(".")) >= (2, 7, 0)
     assert fa.__version__ != fastattn.__version__
+
+
+# ----------------------------------------------------------------------------
+# The differences from FlashAttention stated in docs/howto/conventions.rst, each
+# against a model of FlashAttention 2.8.3's own rule, written here from its
+# sources (csrc/flash_attn/flash_api.cpp, csrc/flash_attn/src/mask.h)
+
+
+def _fa_kernel_keys(L, S, left, right, causal, seqlen_k, widen):
+    """The keys FlashAttention's kernel lets query i see: its rewrite of
+    window_size (a side >= seqlen_k becomes -1 where `widen`: flash_attn_func
+    and flash_attn_with_kvcache, not varlen; causal sets the right side to 0;
+    a -1 side beside a set one becomes seqlen_k), then mask.h's bounds
+    max(0, p - left) <= j < min(S, p + 1 + right), p = i + S - L."""
+    if widen:
+        left = -1 if left >= seqlen_k else left
+        right = -1 if right >= seqlen_k else right
+    if causal:
+        right = 0
+    allowed = np.ones((L, S), bool)
+    if left < 0 and right < 0:
+        return allowed
+    left, right = (seqlen_k if left < 0 else left), (seqlen_k if right < 0 else right)
+    p = np.arange(L)[:, None] + S - L
+    j = np.arange(S)[None, :]
+    return (j >= np.maximum(0, p - left)) & (j < np.minimum(S, p + 1 + right))
+
+
+def _fastattn_keys(L, S, left, right, causal):
+    """fastattn's rule: sides are distances, a negative side unbounded,
+    causal a right side of 0 at most."""
+    p = np.arange(L)[:, None] + S - L
+    j = np.arange(S)[None, :]
+    allowed = np.ones((L, S), bool)
+    if left >= 0:
+        allowed &= j >= p - left
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    if right >= 0:
+        allowed &= j <= p + right
+    return allowed
+
+
+def _sides(S):
+    return sorted({-1, -3, 0, 1, 2, max(S - 1, 0), S, S + 1, S + 4})
+
+
+def _check_far_rows_only(got, fa_keys, L, S, causal, where):
+    """got equals FlashAttention's keys on every row with p = i + S - L >= -1
+    (every row with causal); returns whether any row differs."""
+    p = np.arange(L) + S - L
+    near = np.ones(L, bool) if causal else p >= -1
+    assert np.array_equal(got[near], fa_keys[near]), where
+    return not np.array_equal(got, fa_keys)
+
+
+def test_conventions_window_sides_func():
+    """flash_attn_func: fastattn's rule exactly, and the same keys as
+    FlashAttention's kernel except on queries more than one position before
+    the first key, without causal, with a right side that FlashAttention
+    rewrites (-1 beside a left window shorter than S; S or more)."""
+    differ = set()
+    for L in range(1, 7):
+        for S in range(1, 6):
+            q, k = np.zeros((1, L, 1, 4), np.float32), np.zeros((1, S, 1, 4), np.float32)
+            for causal in (False, True):
+                for left in _sides(S):
+                    for right in _sides(S):
+                        _, _, probs = flash_attn_func(q, k, k, causal=causal,
+                                                      window_size=(left, right),
+                                                      return_attn_probs=True)
+                        got = probs[0, 0] > 0
+                        where = (L, S, causal, left, right)
+                        assert np.array_equal(got, _fastattn_keys(L, S, left, right, causal)), \
+                            where
+                        fa_keys = _fa_kernel_keys(L, S, left, right, causal, S, widen=True)
+                        if _check_far_rows_only(got, fa_keys, L, S, causal, where):
+                            # only the right sides FlashAttention rewrites
+                            assert L >= S + 2 and not causal
+                            windowed = 0 <= left < S
+                            assert ((right < 0 and windowed) or right > S
+                                    or (right == S and not windowed)), where
+                            differ.add((L, S, left, right))
+    assert (5, 2, 1, -1) in differ  # the page's example
+    # query 0 sees no key in FlashAttention, query 1 key 0 only; fastattn: both keys
+    fa_keys = _fa_kernel_keys(5, 2, 1, -1, False, 2, widen=True)
+    assert fa_keys[:2].tolist() == [[False, False], [True, False]]
+
+
+def test_conventions_window_sides_varlen_and_kvcache():
+    """The same in flash_attn_varlen_func (no widening, seqlen_k =
+    max_seqlen_k) and flash_attn_with_kvcache (seqlen_k = the cache's
+    capacity, positions counted from cache_leftpad)."""
+    lens_q, lens_k = [6, 1, 4, 2], [2, 3, 4, 5]
+    cu_q = np.concatenate([[0], np.cumsum(lens_q)])
+    cu_k = np.concatenate([[0], np.cumsum(lens_k)])
+    q = np.zeros((cu_q[-1], 1, 4), np.float32)
+    k = np.zeros((cu_k[-1], 1, 4), np.float32)
+    for causal in (False, True):
+        for left in _sides(5):
+            for right in _sides(5):
+                _, _, probs = flash_attn_varlen_func(q, k, k, cu_q, cu_k, 6, 5, causal=causal,
+                                                     window_size=(left, right),
+                                                     return_attn_probs=True)
+                for b, (L, S) in enumerate(zip(lens_q, lens_k)):
+                    got = probs[b, 0, :L, :S] > 0
+                    assert np.array_equal(got, _fastattn_keys(L, S, left, right, causal))
+                    fa_keys = _fa_kernel_keys(L, S, left, right, causal, 5, widen=False)
+                    _check_far_rows_only(got, fa_keys, L, S, causal, (b, causal, left, right))
+    # KV cache: capacity 6, sequences of 2 and 5 valid keys (one left-padded), 4 queries
+    B, C, L = 2, 6, 4
+    qc = np.zeros((B, L, 1, 4), np.float32)
+    kc = np.zeros((B, C, 1, 4), np.float32)
+    vc = np.broadcast_to(np.eye(C, dtype=np.float32)[None, :, None, :], (B, C, 1, C)).copy()
+    seqlens, leftpad = np.array([2, 6]), np.array([0, 1])
+    for causal in (False, True):
+        for left in _sides(C):
+            for right in _sides(C):
+                out = flash_attn_with_kvcache(qc, kc, vc, cache_seqlens=seqlens,
+                                              cache_leftpad=leftpad, causal=causal,
+                                              window_size=(left, right))
+                for b in range(B):
+                    S = int(seqlens[b] - leftpad[b])
+                    got = out[b, :, 0, leftpad[b]:seqlens[b]] > 0
+                    assert np.array_equal(got, _fastattn_keys(L, S, left, right, causal))
+                    fa_keys = _fa_kernel_keys(L, S, left, right, causal, C, widen=True)
+                    _check_far_rows_only(got, fa_keys, L, S, causal, (b, causal, left, right))
+
+
+def _kernel_alibi_lse(q, k, slopes, S, L):
+    """FlashAttention's causal-path lse: scores plus slope * j (keys j <= p)."""
+    s = np.einsum("lhd,shd->hls", q.astype(np.float64), k.astype(np.float64)) / np.sqrt(q.shape[-1])
+    s = s + slopes[:, None, None] * np.arange(S)
+    p = np.arange(L)[:, None] + S - L
+    s = np.where(np.arange(S) <= p, s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    return (np.log(np.exp(s - m).sum(-1)) + m[..., 0])  # (H, L)
+
+
+def test_conventions_alibi_lse_on_flash_attentions_causal_path():
+    """fastattn's lse is the documented one (-slope |p - j|); FlashAttention's
+    causal kernel path (+slope j) gives lse + slope * (i + S - L). The outputs
+    agree (a per-row constant)."""
+    rng = np.random.default_rng(70)
+    B, L, S, H, D = 2, 4, 7, 3, 8
+    q, k, v = randn(rng, B, L, H, D), randn(rng, B, S, H, D), randn(rng, B, S, H, D)
+    slopes = (rng.random(H) * 0.5).astype(np.float32)
+    shift = slopes[:, None] * (np.arange(L) + S - L)  # (H, L)
+    for window_size in ((-1, -1), (-1, 0), (S, 0), (S + 5, -1)):
+        causal = window_size[1] != 0
+        o, lse, _ = flash_attn_func(q, k, v, causal=causal, window_size=window_size,
+                                    alibi_slopes=slopes, return_attn_probs=True)
+        mo, mlse, _ = model(q, k, v, causal=True, alibi_slopes=slopes)
+        np.testing.assert_allclose(lse, mlse, **TOL)
+        np.testing.assert_allclose(o, mo, **TOL)
+        for b in range(B):
+            np.testing.assert_allclose(lse[b] + shift, _kernel_alibi_lse(q[b], k[b], slopes, S, L),
+                                       **TOL)
+
+
+def test_conventions_softcap_off_and_refused():
+    rng = np.random.default_rng(71)
+    q, k, v = randn(rng, 1, 3, 2, 8), randn(rng, 1, 5, 2, 8), randn(rng, 1, 5, 2, 8)
+    off = flash_attn_func(q * 10, k, v)
+    for softcap in (0.0, -1.0, -np.inf, 0, -3):
+        assert np.array_equal(flash_attn_func(q * 10, k, v, softcap=softcap), off)
+    assert not np.array_equal(flash_attn_func(q * 10, k, v, softcap=1.0), off)
+    for softcap in (np.nan, np.inf, 1e-40):
+        with pytest.raises(ValueError, match="softcap"):
+            flash_attn_func(q, k, v, softcap=softcap)
+
+
+def test_conventions_any_head_dimension():
+    rng = np.random.default_rng(72)
+    q, k, v = randn(rng, 1, 2, 1, 300), randn(rng, 1, 3, 1, 300), randn(rng, 1, 3, 1, 1)
+    o, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True)
+    mo, mlse, _ = model(q, k, v)
+    assert o.dtype == np.float32
+    np.testing.assert_allclose(o, mo, **TOL)
