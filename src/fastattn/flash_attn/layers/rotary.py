@@ -97,7 +97,8 @@ def apply_rotary_emb(x, cos, sin, interleaved=False, inplace=False, seqlen_offse
     Deliberate differences: every position used must lie in the tables
     (FlashAttention's kernel leaves a token past them unrotated when
     `seqlen_offsets` is an array, and for an int offset requires
-    ``seqlen_offsets + seqlen <= seqlen_ro`` with seqlen the padded length);
+    ``seqlen_offsets + seqlen <= seqlen_ro``, seqlen being x's sequence
+    axis or `max_seqlen`, whatever the sequences' own lengths);
     a sequence longer than `max_seqlen` is a ValueError (FlashAttention
     sizes its grid from `max_seqlen` and leaves the rest unrotated); there is
     no bound on the head dimension (FlashAttention: 256).
