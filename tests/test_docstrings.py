@@ -4,7 +4,9 @@ import importlib
 
 import pytest
 
-MODULES = ["fastattn._api", "fastattn._config", "fastattn.flash_attn", "fastattn.dask"]
+MODULES = ["fastattn._api", "fastattn._config", "fastattn.flash_attn",
+           "fastattn.flash_attn.bert_padding", "fastattn.flash_attn.layers.rotary",
+           "fastattn.dask"]
 
 
 @pytest.mark.parametrize("name", MODULES)

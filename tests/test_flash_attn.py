@@ -869,3 +869,614 @@ def test_kvcache_caches_sharing_memory_with_new_kv():
     got = flash_attn_with_kvcache(c["q"], kv[:, :, :, 0], kv[:, :, :, 1], c["k"], c["v"],
                                   cache_seqlens=3)
     assert np.array_equal(got, want)
+
+
+# ----------------------------------------------------------------------------
+# bert_padding: unpad_input, pad_input, index_first_axis
+
+from fastattn.flash_attn.bert_padding import index_first_axis, pad_input, unpad_input  # noqa: E402
+
+
+def _padding_mask(lengths, S, left=False):
+    mask = np.zeros((len(lengths), S), np.int64)
+    for b, n in enumerate(lengths):
+        if left:
+            mask[b, S - n:] = 1
+        else:
+            mask[b, :n] = 1
+    return mask
+
+
+@pytest.mark.parametrize("left", [False, True])
+def test_unpad_input_matches_masking(left):
+    rng = np.random.default_rng(40)
+    lengths, S = [5, 0, 3, 7], 7
+    mask = _padding_mask(lengths, S, left)
+    x = randn(rng, 4, S, 3, 2)
+    packed, idx, cu, max_seqlen, seqused = unpad_input(x, mask)
+    assert np.array_equal(packed, x[mask.astype(bool)])
+    assert np.array_equal(idx, np.flatnonzero(mask)) and idx.dtype == np.int64
+    assert cu.dtype == np.int32 and cu.tolist() == [0, 5, 5, 8, 15]
+    assert max_seqlen == 7 and type(max_seqlen) is int
+    assert seqused.dtype == np.int32 and seqused.tolist() == lengths
+    back = pad_input(packed, idx, 4, S)
+    assert back.dtype == x.dtype and np.array_equal(back, x * mask[:, :, None, None])
+    # token ids (2-d), bool masks, torch-free: any dtype goes through
+    ids = np.arange(28).reshape(4, 7)
+    packed_ids = unpad_input(ids, mask.astype(bool))[0]
+    assert packed_ids.dtype == ids.dtype and packed_ids.tolist() == ids[mask == 1].tolist()
+
+
+def test_unpad_input_unused_mask():
+    """Unused positions are packed and counted in cu_seqlens and max_seqlen,
+    not in seqused (FlashAttention >= 2.7's fifth return value)."""
+    x = np.arange(8.0).reshape(2, 4)
+    valid = np.array([[1, 1, 0, 0], [1, 0, 0, 0]])
+    unused = np.array([[0, 0, 1, 0], [0, 1, 1, 1]])
+    packed, idx, cu, max_seqlen, seqused = unpad_input(x, valid, unused)
+    assert packed.tolist() == [0, 1, 2, 4, 5, 6, 7]
+    assert idx.tolist() == [0, 1, 2, 4, 5, 6, 7]
+    assert cu.tolist() == [0, 3, 7] and max_seqlen == 4 and seqused.tolist() == [2, 1]
+
+
+def test_unpad_varlen_pad_equals_each_sequence_alone():
+    """The BERT flow: a padded batch unpadded, attended as packed sequences
+    (q, k and v unpadded together), padded back: each sequence's rows bitwise
+    those of flash_attn_func on that sequence alone, zeros at the padding."""
+    rng = np.random.default_rng(41)
+    lengths, S, H, D = [6, 2, 9, 4], 9, 4, 16
+    mask = _padding_mask(lengths, S)
+    qkv = randn(rng, 4, S, 3, H, D)
+    packed, idx, cu, max_seqlen, _ = unpad_input(qkv, mask)
+    out = flash_attn_varlen_func(packed[:, 0], packed[:, 1], packed[:, 2], cu, cu, max_seqlen,
+                                 max_seqlen, causal=True)
+    padded = pad_input(out, idx, 4, S)
+    for b, n in enumerate(lengths):
+        alone = flash_attn_func(qkv[b:b + 1, :n, 0], qkv[b:b + 1, :n, 1], qkv[b:b + 1, :n, 2],
+                                causal=True)
+        assert np.array_equal(padded[b, :n], alone[0])
+        assert not padded[b, n:].any()
+
+
+def test_index_first_axis():
+    x = np.arange(24).reshape(6, 2, 2)
+    idx = np.array([5, 0, 5, 2], np.int32)  # (repeats allowed)
+    got = index_first_axis(x, idx)
+    assert got.dtype == x.dtype and np.array_equal(got, x[idx])
+    assert np.array_equal(index_first_axis(np.arange(4.0), [3, 1]), [3.0, 1.0])
+    assert index_first_axis(x, np.zeros(0, np.int64)).shape == (0, 2, 2)
+
+
+BERT_PADDING_BAD = [
+    ("attention_mask must hold 0 .padding. and 1 .a token., got 2 at \\[1, 0\\]",
+     lambda: unpad_input(np.zeros((2, 3)), [[1, 1, 0], [2, 0, 0]]), ValueError),
+    ("attention_mask must hold bools or the integers 0 and 1, got dtype float64",
+     lambda: unpad_input(np.zeros((2, 3)), np.ones((2, 3))), TypeError),
+    (r"attention_mask must have shape \(batch, seqlen\), got \(6,\)",
+     lambda: unpad_input(np.zeros((2, 3)), np.ones(6, bool)), ValueError),
+    (r"hidden_states must have shape \(batch, seqlen, ...\) with \(batch, seqlen\) = "
+     r"attention_mask's shape \(2, 3\), got \(3, 2\)",
+     lambda: unpad_input(np.zeros((3, 2)), np.ones((2, 3), bool)), ValueError),
+    (r"unused_mask must have shape \(batch, seqlen\) = \(2, 3\), got \(2, 2\)",
+     lambda: unpad_input(np.zeros((2, 3)), np.ones((2, 3), bool), np.zeros((2, 2), bool)),
+     ValueError),
+    (r"unused_mask marks \[0, 2\], a token of attention_mask",
+     lambda: unpad_input(np.zeros((2, 3)), np.ones((2, 3), bool), [[0, 0, 1], [0, 0, 0]]),
+     ValueError),
+    (r"indices must lie in \[0, 4\) \(batch \* seqlen = 2 \* 2\), got 4 at 1",
+     lambda: pad_input(np.zeros((2, 1)), [0, 4], 2, 2), ValueError),
+    (r"indices must lie in \[0, 6\) \(input.shape\[0\]\), got -1 at 0",
+     lambda: index_first_axis(np.zeros((6, 2)), [-1]), ValueError),
+    (r"indices repeats 1 \(at 2 and earlier\)",
+     lambda: pad_input(np.zeros((3, 1)), [0, 1, 1], 2, 2), ValueError),
+    (r"indices must have one entry per row of hidden_states \(3\), got 2",
+     lambda: pad_input(np.zeros((3, 1)), [0, 1], 2, 2), ValueError),
+    ("indices must be an array of integers, got dtype float64",
+     lambda: pad_input(np.zeros((2, 1)), [0.0, 1.0], 2, 2), TypeError),
+    (r"indices must be 1-d, got shape \(1, 2\)",
+     lambda: index_first_axis(np.zeros((3, 1)), [[0, 1]]), ValueError),
+    ("batch must be an int >= 0, got -1", lambda: pad_input(np.zeros((0, 1)), [], -1, 2),
+     ValueError),
+    ("seqlen must be an int, got float", lambda: pad_input(np.zeros((0, 1)), [], 1, 2.0),
+     TypeError),
+]
+
+
+@pytest.mark.parametrize("words,call,exc", BERT_PADDING_BAD,
+                         ids=[f"{i}" for i in range(len(BERT_PADDING_BAD))])
+def test_bert_padding_bad_input(words, call, exc):
+    with pytest.raises(exc, match=words):
+        call()
+
+
+# ----------------------------------------------------------------------------
+# Packed q, k, v: views handed to the unpacked functions
+
+import inspect  # noqa: E402
+
+from fastattn.flash_attn import (flash_attn_kvpacked_func, flash_attn_qkvpacked_func,  # noqa: E402
+                                 flash_attn_varlen_kvpacked_func,
+                                 flash_attn_varlen_qkvpacked_func)
+
+# FlashAttention 2.x's signatures (flash_attn/flash_attn_interface.py), copied
+# here as data: the names, their order and the defaults a drop-in must match.
+_OPTS = [("dropout_p", 0.0), ("softmax_scale", None), ("causal", False),
+         ("window_size", (-1, -1)), ("softcap", 0.0), ("alibi_slopes", None),
+         ("deterministic", False), ("return_attn_probs", False)]
+FA_SIGNATURES = {
+    "flash_attn_qkvpacked_func": ["qkv"] + _OPTS,
+    "flash_attn_kvpacked_func": ["q", "kv"] + _OPTS,
+    "flash_attn_func": ["q", "k", "v"] + _OPTS,
+    "flash_attn_varlen_qkvpacked_func": ["qkv", "cu_seqlens", "max_seqlen"] + _OPTS,
+    "flash_attn_varlen_kvpacked_func": ["q", "kv", "cu_seqlens_q", "cu_seqlens_k",
+                                        "max_seqlen_q", "max_seqlen_k"] + _OPTS,
+    "flash_attn_varlen_func": ["q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q",
+                               "max_seqlen_k"] + _OPTS + [("block_table", None)],
+}
+
+
+@pytest.mark.parametrize("name", sorted(FA_SIGNATURES))
+def test_signatures_match_flash_attention(name):
+    params = list(inspect.signature(getattr(fa, name)).parameters.values())
+    positional = [p for p in params if p.kind == p.POSITIONAL_OR_KEYWORD]
+    want = [(p, inspect.Parameter.empty) if isinstance(p, str) else p for p in FA_SIGNATURES[name]]
+    assert [(p.name, p.default) for p in positional] == want
+    assert [p.name for p in params if p.kind == p.KEYWORD_ONLY] == ["out"]  # (the extension)
+    assert name in fa.__all__
+
+
+OPTIONS = [dict(), dict(causal=True), dict(window_size=(2, 1), softcap=3.0),
+           dict(causal=True, alibi_slopes="BH", softmax_scale=0.2)]
+
+
+def _options(rng, opts, B, H):
+    opts = dict(opts)
+    if opts.get("alibi_slopes") == "BH":
+        opts["alibi_slopes"] = rng.random((B, H)) * 0.5
+    return opts
+
+
+@pytest.mark.parametrize("opts", OPTIONS)
+def test_qkvpacked_bitwise_unpacked(opts):
+    rng = np.random.default_rng(50)
+    qkv = randn(rng, 2, 7, 3, 4, 16)
+    opts = _options(rng, opts, 2, 4)
+    got = flash_attn_qkvpacked_func(qkv, return_attn_probs=True, **opts)
+    want = flash_attn_func(qkv[:, :, 0].copy(), qkv[:, :, 1].copy(), qkv[:, :, 2].copy(),
+                           return_attn_probs=True, **opts)
+    assert len(got) == 3 and all(np.array_equal(g, w) for g, w in zip(got, want))
+    out = np.empty((2, 7, 4, 16), np.float32)
+    assert flash_attn_qkvpacked_func(qkv, out=out, **opts) is out
+    assert np.array_equal(out, want[0])
+
+
+@pytest.mark.parametrize("opts", OPTIONS)
+def test_kvpacked_bitwise_unpacked(opts):
+    rng = np.random.default_rng(51)
+    q, kv = randn(rng, 2, 5, 6, 8), randn(rng, 2, 9, 2, 3, 8)  # grouped heads: 6 over 3
+    opts = _options(rng, opts, 2, 6)
+    got = flash_attn_kvpacked_func(q, kv, return_attn_probs=True, **opts)
+    want = flash_attn_func(q, kv[:, :, 0].copy(), kv[:, :, 1].copy(), return_attn_probs=True,
+                           **opts)
+    assert len(got) == 3 and all(np.array_equal(g, w) for g, w in zip(got, want))
+    assert np.array_equal(flash_attn_kvpacked_func(q, kv, **opts), want[0])
+
+
+@pytest.mark.parametrize("opts", OPTIONS)
+def test_varlen_packed_bitwise_unpacked(opts):
+    rng = np.random.default_rng(52)
+    lens_q, lens_k = [3, 0, 5, 2], [4, 2, 5, 6]
+    cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
+    opts = _options(rng, opts, 4, 4)
+    qkv = randn(rng, cu_q[-1], 3, 4, 8)
+    got = flash_attn_varlen_qkvpacked_func(qkv, cu_q, 5, return_attn_probs=True, **opts)
+    want = flash_attn_varlen_func(qkv[:, 0].copy(), qkv[:, 1].copy(), qkv[:, 2].copy(), cu_q,
+                                  cu_q, 5, 5, return_attn_probs=True, **opts)
+    assert len(got) == 3 and all(np.array_equal(g, w) for g, w in zip(got, want))
+    q, kv = randn(rng, cu_q[-1], 4, 8), randn(rng, cu_k[-1], 2, 2, 8)
+    got = flash_attn_varlen_kvpacked_func(q, kv, cu_q, cu_k, 5, 6, return_attn_probs=True,
+                                          **opts)
+    want = flash_attn_varlen_func(q, kv[:, 0].copy(), kv[:, 1].copy(), cu_q, cu_k, 5, 6,
+                                  return_attn_probs=True, **opts)
+    assert len(got) == 3 and all(np.array_equal(g, w) for g, w in zip(got, want))
+    out = np.empty((cu_q[-1], 4, 8), np.float32)
+    assert flash_attn_varlen_kvpacked_func(q, kv, cu_q, cu_k, 5, 6, out=out, **opts) is out
+    assert np.array_equal(out, want[0])
+
+
+def test_packed_inputs_read_in_place():
+    """The views of the packed arrays are read where they lie: no copy of kv."""
+    import tracemalloc
+
+    rng = np.random.default_rng(53)
+    q, kv = randn(rng, 1, 4, 8, 64), randn(rng, 1, 4096, 2, 2, 64)
+    qkv = randn(rng, 1, 2048, 3, 2, 64)
+    flash_attn_kvpacked_func(q, kv)
+    flash_attn_varlen_kvpacked_func(q[0], kv[0], [0, 4], [0, 4096], 4, 4096)
+    for call in (lambda: flash_attn_kvpacked_func(q, kv, causal=True),
+                 lambda: flash_attn_varlen_kvpacked_func(q[0], kv[0], [0, 4], [0, 4096], 4, 4096),
+                 lambda: flash_attn_qkvpacked_func(qkv[:, :4], causal=True)):
+        tracemalloc.start()
+        try:
+            call()
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < kv.nbytes / 16
+
+
+PACKED_BAD = [
+    (r"qkv must have shape \(batch_size, seqlen, 3, nheads, headdim\) with headdim >= 1, got "
+     r"\(1, 4, 2, 2, 8\)", lambda: flash_attn_qkvpacked_func(np.zeros((1, 4, 2, 2, 8))),
+     ValueError),
+    (r"qkv must have 5 dimensions, got shape \(4, 3, 2, 8\)",
+     lambda: flash_attn_qkvpacked_func(np.zeros((4, 3, 2, 8))), ValueError),
+    ("qkv must have a real floating dtype",
+     lambda: flash_attn_qkvpacked_func(np.zeros((1, 4, 3, 2, 8), int)), TypeError),
+    (r"qkv must have shape \(batch_size, seqlen, 3, nheads, headdim\) with headdim >= 1, got "
+     r"\(1, 4, 3, 2, 0\)", lambda: flash_attn_qkvpacked_func(np.zeros((1, 4, 3, 2, 0))),
+     ValueError),
+    (r"kv must have shape \(batch_size, seqlen_k, 2, nheads_k, headdim\)",
+     lambda: flash_attn_kvpacked_func(np.zeros((1, 4, 2, 8)), np.zeros((1, 4, 3, 2, 8))),
+     ValueError),
+    (r"kv must have q's batch size \(1\), got kv of shape \(2, 4, 2, 2, 8\)",
+     lambda: flash_attn_kvpacked_func(np.zeros((1, 4, 2, 8)), np.zeros((2, 4, 2, 2, 8))),
+     ValueError),
+    (r"kv's head dimension must be q's \(8\), got kv of shape \(1, 4, 2, 2, 4\)",
+     lambda: flash_attn_kvpacked_func(np.zeros((1, 4, 2, 8)), np.zeros((1, 4, 2, 2, 4))),
+     ValueError),
+    (r"the number of query heads \(3\) must be a multiple of kv's number of heads \(2\)",
+     lambda: flash_attn_kvpacked_func(np.zeros((1, 4, 3, 8)), np.zeros((1, 4, 2, 2, 8))),
+     ValueError),
+    (r"kv must have shape \(total_k, 2, nheads_k, headdim\)",
+     lambda: flash_attn_varlen_kvpacked_func(np.zeros((4, 2, 8)), np.zeros((4, 1, 2, 8)),
+                                             [0, 4], [0, 4], 4, 4), ValueError),
+    ("cu_seqlens must end at total \\(qkv.shape\\[0\\]\\) = 4, got 3",
+     lambda: flash_attn_varlen_qkvpacked_func(np.zeros((4, 3, 2, 8)), [0, 3], 4), ValueError),
+    (r"max_seqlen \(2\) is smaller than the longest sequence \(3\)",
+     lambda: flash_attn_varlen_qkvpacked_func(np.zeros((4, 3, 2, 8)), [0, 3, 4], 2),
+     ValueError),
+    ("dropout_p must be 0.0",
+     lambda: flash_attn_qkvpacked_func(np.zeros((1, 4, 3, 2, 8)), 0.1), ValueError),
+]
+
+
+@pytest.mark.parametrize("words,call,exc", PACKED_BAD, ids=[str(i) for i in range(len(PACKED_BAD))])
+def test_packed_bad_input(words, call, exc):
+    with pytest.raises(exc, match=words):
+        call()
+
+
+def test_packed_out_must_not_overlap_the_packed_array():
+    """out is checked against the packed arrays as the caller gave them (and
+    named so), before anything is written."""
+    buf = np.zeros(2 * 4 * 3 * 2 * 8, np.float32)
+    qkv = buf.reshape(2, 4, 3, 2, 8)
+    with pytest.raises(ValueError, match="out must not share memory with qkv"):
+        flash_attn_qkvpacked_func(qkv, out=buf[:128].reshape(2, 4, 2, 8))
+    buf[:] = 1.0
+    q, kv = np.ones((1, 4, 2, 8), np.float32), buf[:128].reshape(1, 4, 2, 2, 8)
+    with pytest.raises(ValueError, match="out must not share memory with kv"):
+        flash_attn_kvpacked_func(q, kv, out=buf[64:128].reshape(1, 4, 2, 8))
+    with pytest.raises(ValueError, match="out must not share memory with kv"):
+        flash_attn_varlen_kvpacked_func(q[0], kv[0], [0, 4], [0, 4], 4, 4,
+                                        out=buf[64:128].reshape(4, 2, 8))
+    assert (buf == 1.0).all()
+
+
+# ----------------------------------------------------------------------------
+# layers.rotary.apply_rotary_emb: the rotation flash_attn_with_kvcache applies
+
+from fastattn.flash_attn.layers.rotary import apply_rotary_emb, apply_rotary_emb_func  # noqa: E402
+
+
+def _tables(rng, n, rotary_dim):
+    angle = rng.random((n, rotary_dim // 2)) * 2 * np.pi
+    return np.cos(angle), np.sin(angle)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("rotary_dim", [16, 6])
+@pytest.mark.parametrize("offsets", [0, 3, "per sequence"])
+def test_apply_rotary_emb_matches_model(interleaved, rotary_dim, offsets):
+    rng = np.random.default_rng(60)
+    x = randn(rng, 3, 5, 2, 16)
+    cos, sin = _tables(rng, 20, rotary_dim)
+    offsets = np.array([0, 7, 15]) if offsets == "per sequence" else offsets
+    y = apply_rotary_emb(x, cos, sin, interleaved=interleaved, seqlen_offsets=offsets)
+    pos = np.broadcast_to(np.asarray(offsets)[..., None], (3, 1)) + np.arange(5)
+    want = rope_model(x, cos, sin, pos, interleaved)
+    assert y.dtype == np.float32 and y.shape == x.shape
+    np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-6)
+    assert np.array_equal(y[..., rotary_dim:], x[..., rotary_dim:])  # the rest kept
+    # packed: each sequence at its own offset, the same bits
+    lens = [5, 2, 4]
+    cu = np.concatenate([[0], np.cumsum(lens)])
+    packed = np.concatenate([x[b, :n] for b, n in enumerate(lens)])
+    yp = apply_rotary_emb(packed, cos, sin, interleaved=interleaved, seqlen_offsets=offsets,
+                          cu_seqlens=cu, max_seqlen=5)
+    assert np.array_equal(yp, np.concatenate([y[b, :n] for b, n in enumerate(lens)]))
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("causal", [False, True])
+def test_apply_rotary_emb_is_kvcache_rotation(interleaved, causal):
+    """One rule: what flash_attn_with_kvcache does with rotary_cos and
+    rotary_sin is, bit for bit, apply_rotary_emb on q and k at the cache's
+    positions followed by the call without the tables."""
+    rng = np.random.default_rng(61)
+    c = _cache_case(rng, L=3, L_new=3)
+    cos, sin = _tables(rng, 30, 10)
+    cs = np.array([2, 9, 21])
+    kc1, vc1 = c["k_cache"].copy(), c["v_cache"].copy()
+    o1 = flash_attn_with_kvcache(c["q"], kc1, vc1, c["k"], c["v"], rotary_cos=cos,
+                                 rotary_sin=sin, cache_seqlens=cs, causal=causal,
+                                 rotary_interleaved=interleaved)
+    # without causal or a window, every row of q sits at cache_seqlens[b]
+    q_rot = (apply_rotary_emb(c["q"], cos, sin, interleaved, seqlen_offsets=cs) if causal else
+             np.concatenate([apply_rotary_emb(c["q"][:, i:i + 1], cos, sin, interleaved,
+                                              seqlen_offsets=cs) for i in range(3)], axis=1))
+    k_rot = apply_rotary_emb(c["k"], cos, sin, interleaved, seqlen_offsets=cs)
+    kc2, vc2 = c["k_cache"].copy(), c["v_cache"].copy()
+    o2 = flash_attn_with_kvcache(q_rot, kc2, vc2, k_rot, c["v"], cache_seqlens=cs, causal=causal)
+    assert np.array_equal(kc1, kc2) and np.array_equal(vc1, vc2) and np.array_equal(o1, o2)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64", "bfloat16"])
+def test_apply_rotary_emb_dtypes_and_inplace(dtype):
+    if dtype == "bfloat16":
+        dtype = pytest.importorskip("ml_dtypes").bfloat16
+    rng = np.random.default_rng(62)
+    x = randn(rng, 2, 4, 3, 8).astype(dtype)
+    cos, sin = _tables(rng, 8, 8)
+    y = apply_rotary_emb(x, cos, sin)
+    # computed in float32 (FlashAttention's kernel), rounded to x's dtype once
+    want = apply_rotary_emb(x.astype(np.float32), cos.astype(np.float32), sin.astype(np.float32))
+    assert y.dtype == x.dtype and np.array_equal(y, want.astype(dtype))
+    z = x.copy()
+    assert apply_rotary_emb(z, cos, sin, inplace=True) is z
+    assert np.array_equal(z, y)
+    assert apply_rotary_emb_func is apply_rotary_emb
+
+
+def test_apply_rotary_emb_inplace_torch():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(63)
+    x = randn(rng, 1, 4, 2, 8)
+    cos, sin = _tables(rng, 4, 8)
+    t = torch.from_numpy(x.copy())
+    assert apply_rotary_emb(t, cos, sin, inplace=True) is t
+    assert np.array_equal(t.numpy(), apply_rotary_emb(x, cos, sin))
+
+
+ROTARY_BAD = [
+    (r"cos and sin have 8 positions; sequence 1 needs positions 5 to 8 \(seqlen_offsets \+ "
+     r"its tokens\)", dict(seqlen_offsets=np.array([0, 5])), ValueError),
+    (r"cos and sin have 8 positions; sequence 0 needs positions 6 to 9",
+     dict(seqlen_offsets=6), ValueError),
+    (r"seqlen_offsets must be >= 0, got -1 for sequence 1",
+     dict(seqlen_offsets=np.array([0, -1])), ValueError),
+    ("seqlen_offsets must be an int >= 0, got -2", dict(seqlen_offsets=-2), ValueError),
+    (r"seqlen_offsets must have shape \(2,\), got \(3,\)",
+     dict(seqlen_offsets=np.zeros(3, int)), ValueError),
+    ("seqlen_offsets must be an array of integers", dict(seqlen_offsets=np.zeros(2)),
+     TypeError),
+    (r"sin must have cos's shape \(8, 4\), got \(8, 3\)", dict(sin=np.zeros((8, 3))),
+     ValueError),
+    (r"cos must have shape \(seqlen_ro, rotary_dim / 2\) with 1 <= rotary_dim <= headdim = 8",
+     dict(cos=np.zeros((8, 5)), sin=np.zeros((8, 5))), ValueError),
+    (r"x must have 3 dimensions", dict(cu_seqlens=[0, 2]), ValueError),
+    ("max_seqlen is needed with cu_seqlens",
+     dict(x=np.zeros((5, 3, 8)), cu_seqlens=[0, 2, 5]), ValueError),
+    (r"max_seqlen \(2\) is smaller than the longest sequence \(3\)",
+     dict(x=np.zeros((5, 3, 8)), cu_seqlens=[0, 2, 5], max_seqlen=2), ValueError),
+    ("cu_seqlens must end at total",
+     dict(x=np.zeros((5, 3, 8)), cu_seqlens=[0, 2, 4], max_seqlen=2), ValueError),
+    ("x must be writeable: it is rotated in place",
+     dict(x=np.broadcast_to(np.zeros(8), (2, 4, 3, 8)), inplace=True), ValueError),
+    ("x must be a NumPy array or a CPU torch tensor",
+     dict(x=np.zeros((2, 4, 3, 8)).tolist(), inplace=True), TypeError),
+    ("inplace must be a bool", dict(inplace=1), TypeError),
+    ("max_seqlen must be an int", dict(max_seqlen=2.5), TypeError),
+]
+
+
+@pytest.mark.parametrize("words,change,exc", ROTARY_BAD,
+                         ids=[str(i) for i in range(len(ROTARY_BAD))])
+def test_apply_rotary_emb_bad_input(words, change, exc):
+    kw = dict(x=np.zeros((2, 4, 3, 8)), cos=np.ones((8, 4)), sin=np.zeros((8, 4)))
+    kw.update(change)
+    x = kw["x"]
+    before = np.array(x, copy=True)
+    with pytest.raises(exc, match=words):
+        apply_rotary_emb(**kw)
+    assert np.array_equal(np.asarray(x), before)
+
+
+def test_version_is_the_flash_attention_api_followed():
+    """__version__ names the FlashAttention release whose API is matched (a
+    version that code comparing flash_attn.__version__ can parse), not
+    fastattn's own."""
+    assert fa.__version__ == "2.8.3"
+    assert tuple(int(p) for p in fa.__version__.split(".")) >= (2, 7, 0)
+    assert fa.__version__ != fastattn.__version__
+
+
+# ----------------------------------------------------------------------------
+# The differences from FlashAttention stated in docs/howto/conventions.rst, each
+# against a model of FlashAttention 2.8.3's own rule, written here from its
+# sources (csrc/flash_attn/flash_api.cpp, csrc/flash_attn/src/mask.h)
+
+
+def _fa_kernel_keys(L, S, left, right, causal, seqlen_k, widen):
+    """The keys FlashAttention's kernel lets query i see: its rewrite of
+    window_size (a side >= seqlen_k becomes -1 where `widen`: flash_attn_func
+    and flash_attn_with_kvcache, not varlen; causal sets the right side to 0;
+    a -1 side beside a set one becomes seqlen_k), then mask.h's bounds
+    max(0, p - left) <= j < min(S, p + 1 + right), p = i + S - L."""
+    if widen:
+        left = -1 if left >= seqlen_k else left
+        right = -1 if right >= seqlen_k else right
+    if causal:
+        right = 0
+    allowed = np.ones((L, S), bool)
+    if left < 0 and right < 0:
+        return allowed
+    left, right = (seqlen_k if left < 0 else left), (seqlen_k if right < 0 else right)
+    p = np.arange(L)[:, None] + S - L
+    j = np.arange(S)[None, :]
+    return (j >= np.maximum(0, p - left)) & (j < np.minimum(S, p + 1 + right))
+
+
+def _fastattn_keys(L, S, left, right, causal):
+    """fastattn's rule: sides are distances, a negative side unbounded,
+    causal a right side of 0 at most."""
+    p = np.arange(L)[:, None] + S - L
+    j = np.arange(S)[None, :]
+    allowed = np.ones((L, S), bool)
+    if left >= 0:
+        allowed &= j >= p - left
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    if right >= 0:
+        allowed &= j <= p + right
+    return allowed
+
+
+def _sides(S):
+    return sorted({-1, -3, 0, 1, 2, max(S - 1, 0), S, S + 1, S + 4})
+
+
+def _check_far_rows_only(got, fa_keys, L, S, causal, where):
+    """got equals FlashAttention's keys on every row with p = i + S - L >= -1
+    (every row with causal); returns whether any row differs."""
+    p = np.arange(L) + S - L
+    near = np.ones(L, bool) if causal else p >= -1
+    assert np.array_equal(got[near], fa_keys[near]), where
+    return not np.array_equal(got, fa_keys)
+
+
+def test_conventions_window_sides_func():
+    """flash_attn_func: fastattn's rule exactly, and the same keys as
+    FlashAttention's kernel except on queries more than one position before
+    the first key, without causal, with a right side that FlashAttention
+    rewrites (-1 beside a left window shorter than S; S or more)."""
+    differ = set()
+    for L in range(1, 7):
+        for S in range(1, 6):
+            q, k = np.zeros((1, L, 1, 4), np.float32), np.zeros((1, S, 1, 4), np.float32)
+            for causal in (False, True):
+                for left in _sides(S):
+                    for right in _sides(S):
+                        _, _, probs = flash_attn_func(q, k, k, causal=causal,
+                                                      window_size=(left, right),
+                                                      return_attn_probs=True)
+                        got = probs[0, 0] > 0
+                        where = (L, S, causal, left, right)
+                        assert np.array_equal(got, _fastattn_keys(L, S, left, right, causal)), \
+                            where
+                        fa_keys = _fa_kernel_keys(L, S, left, right, causal, S, widen=True)
+                        if _check_far_rows_only(got, fa_keys, L, S, causal, where):
+                            # only the right sides FlashAttention rewrites
+                            assert L >= S + 2 and not causal
+                            windowed = 0 <= left < S
+                            assert ((right < 0 and windowed) or right > S
+                                    or (right == S and not windowed)), where
+                            differ.add((L, S, left, right))
+    assert (5, 2, 1, -1) in differ  # the page's example
+    # query 0 sees no key in FlashAttention, query 1 key 0 only; fastattn: both keys
+    fa_keys = _fa_kernel_keys(5, 2, 1, -1, False, 2, widen=True)
+    assert fa_keys[:2].tolist() == [[False, False], [True, False]]
+
+
+def test_conventions_window_sides_varlen_and_kvcache():
+    """The same in flash_attn_varlen_func (no widening, seqlen_k =
+    max_seqlen_k) and flash_attn_with_kvcache (seqlen_k = the cache's
+    capacity, positions counted from cache_leftpad)."""
+    lens_q, lens_k = [6, 1, 4, 2], [2, 3, 4, 5]
+    cu_q = np.concatenate([[0], np.cumsum(lens_q)])
+    cu_k = np.concatenate([[0], np.cumsum(lens_k)])
+    q = np.zeros((cu_q[-1], 1, 4), np.float32)
+    k = np.zeros((cu_k[-1], 1, 4), np.float32)
+    for causal in (False, True):
+        for left in _sides(5):
+            for right in _sides(5):
+                _, _, probs = flash_attn_varlen_func(q, k, k, cu_q, cu_k, 6, 5, causal=causal,
+                                                     window_size=(left, right),
+                                                     return_attn_probs=True)
+                for b, (L, S) in enumerate(zip(lens_q, lens_k)):
+                    got = probs[b, 0, :L, :S] > 0
+                    assert np.array_equal(got, _fastattn_keys(L, S, left, right, causal))
+                    fa_keys = _fa_kernel_keys(L, S, left, right, causal, 5, widen=False)
+                    _check_far_rows_only(got, fa_keys, L, S, causal, (b, causal, left, right))
+    # KV cache: capacity 6, sequences of 2 and 5 valid keys (one left-padded), 4 queries
+    B, C, L = 2, 6, 4
+    qc = np.zeros((B, L, 1, 4), np.float32)
+    kc = np.zeros((B, C, 1, 4), np.float32)
+    vc = np.broadcast_to(np.eye(C, dtype=np.float32)[None, :, None, :], (B, C, 1, C)).copy()
+    seqlens, leftpad = np.array([2, 6]), np.array([0, 1])
+    for causal in (False, True):
+        for left in _sides(C):
+            for right in _sides(C):
+                out = flash_attn_with_kvcache(qc, kc, vc, cache_seqlens=seqlens,
+                                              cache_leftpad=leftpad, causal=causal,
+                                              window_size=(left, right))
+                for b in range(B):
+                    S = int(seqlens[b] - leftpad[b])
+                    got = out[b, :, 0, leftpad[b]:seqlens[b]] > 0
+                    assert np.array_equal(got, _fastattn_keys(L, S, left, right, causal))
+                    fa_keys = _fa_kernel_keys(L, S, left, right, causal, C, widen=True)
+                    _check_far_rows_only(got, fa_keys, L, S, causal, (b, causal, left, right))
+
+
+def _kernel_alibi_lse(q, k, slopes, S, L):
+    """FlashAttention's causal-path lse: scores plus slope * j (keys j <= p)."""
+    s = np.einsum("lhd,shd->hls", q.astype(np.float64), k.astype(np.float64)) / np.sqrt(q.shape[-1])
+    s = s + slopes[:, None, None] * np.arange(S)
+    p = np.arange(L)[:, None] + S - L
+    s = np.where(np.arange(S) <= p, s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    return (np.log(np.exp(s - m).sum(-1)) + m[..., 0])  # (H, L)
+
+
+def test_conventions_alibi_lse_on_flash_attentions_causal_path():
+    """fastattn's lse is the documented one (-slope |p - j|); FlashAttention's
+    causal kernel path (+slope j) gives lse + slope * (i + S - L). The outputs
+    agree (a per-row constant)."""
+    rng = np.random.default_rng(70)
+    B, L, S, H, D = 2, 4, 7, 3, 8
+    q, k, v = randn(rng, B, L, H, D), randn(rng, B, S, H, D), randn(rng, B, S, H, D)
+    slopes = (rng.random(H) * 0.5).astype(np.float32)
+    shift = slopes[:, None] * (np.arange(L) + S - L)  # (H, L)
+    for window_size in ((-1, -1), (-1, 0), (S, 0), (S + 5, -1)):
+        causal = window_size[1] != 0
+        o, lse, _ = flash_attn_func(q, k, v, causal=causal, window_size=window_size,
+                                    alibi_slopes=slopes, return_attn_probs=True)
+        mo, mlse, _ = model(q, k, v, causal=True, alibi_slopes=slopes)
+        np.testing.assert_allclose(lse, mlse, **TOL)
+        np.testing.assert_allclose(o, mo, **TOL)
+        for b in range(B):
+            np.testing.assert_allclose(lse[b] + shift, _kernel_alibi_lse(q[b], k[b], slopes, S, L),
+                                       **TOL)
+
+
+def test_conventions_softcap_off_and_refused():
+    rng = np.random.default_rng(71)
+    q, k, v = randn(rng, 1, 3, 2, 8), randn(rng, 1, 5, 2, 8), randn(rng, 1, 5, 2, 8)
+    off = flash_attn_func(q * 10, k, v)
+    for softcap in (0.0, -1.0, -np.inf, 0, -3):
+        assert np.array_equal(flash_attn_func(q * 10, k, v, softcap=softcap), off)
+    assert not np.array_equal(flash_attn_func(q * 10, k, v, softcap=1.0), off)
+    for softcap in (np.nan, np.inf, 1e-40):
+        with pytest.raises(ValueError, match="softcap"):
+            flash_attn_func(q, k, v, softcap=softcap)
+
+
+def test_conventions_any_head_dimension():
+    rng = np.random.default_rng(72)
+    q, k, v = randn(rng, 1, 2, 1, 300), randn(rng, 1, 3, 1, 300), randn(rng, 1, 3, 1, 1)
+    o, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True)
+    mo, mlse, _ = model(q, k, v)
+    assert o.dtype == np.float32
+    np.testing.assert_allclose(o, mo, **TOL)

@@ -1,13 +1,16 @@
 """FlashAttention's Python API on the CPU, over fastattn's kernels.
 
-``flash_attn_func``, ``flash_attn_varlen_func`` and ``flash_attn_with_kvcache``
-take FlashAttention 2's argument names, defaults, layouts and return values, so
-that code written for ``flash_attn`` runs on NumPy arrays without a GPU:
+``flash_attn_func``, ``flash_attn_varlen_func``, ``flash_attn_with_kvcache``
+and the packed forms (``flash_attn_qkvpacked_func``, ``flash_attn_kvpacked_func``
+and their varlen twins) take FlashAttention 2's argument names, defaults,
+layouts and return values, so that code written for ``flash_attn`` runs on
+NumPy arrays without a GPU:
 
 >>> from fastattn.flash_attn import flash_attn_func  # instead of: from flash_attn import ...
 
 Layouts are FlashAttention's token-major ones: ``q (B, L, H, D)``,
-``k``/``v (B, S, Hkv, D)``; varlen ``(total, H, D)``; KV caches
+``k``/``v (B, S, Hkv, D)``, packed ``qkv (B, L, 3, H, D)`` and ``kv (B, S,
+2, Hkv, D)``; varlen ``(total, H, D)``; KV caches
 ``(B_cache, S_max, Hkv, D)`` or, paged, ``(num_blocks, block_size, Hkv, D)``
 with a ``block_table``. They are handed to the core as ``(B, H, L, D)`` views
 (``swapaxes``), never repeated per head. Results are float32 NumPy arrays.
@@ -25,6 +28,14 @@ with None for -1, ``softcap=None`` for 0.0, ``is_causal``, ``enable_gqa``.
 This is inference only: ``dropout_p != 0`` raises ``ValueError``; there is no
 backward pass (``deterministic`` is accepted and has no effect: the forward
 pass is deterministic, bitwise, for every thread count).
+
+FlashAttention's neighbouring modules sit where FlashAttention has them:
+:mod:`fastattn.flash_attn.bert_padding` (``unpad_input``, ``pad_input``,
+``index_first_axis``) and :mod:`fastattn.flash_attn.layers.rotary`
+(``apply_rotary_emb``). ``__version__`` is the FlashAttention release whose
+Python API this package follows (see its comment), not fastattn's own
+version; where fastattn differs from FlashAttention on purpose,
+:doc:`/howto/conventions` says so.
 """
 import math
 import numbers
@@ -38,7 +49,17 @@ from fastattn._validate import (_FLOAT32_MAX, _is_torch_tensor, as_array, check_
                                 check_out, check_scale, check_softcap, check_window,
                                 index_int64, int_array, new_array, shares_memory)
 
-__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"]
+# The FlashAttention release whose Python API this package follows: the names,
+# signatures, defaults and return values of flash_attn 2.8.3, which are those of
+# every release from 2.7.0 on for the functions here (2.7.0 gave unpad_input its
+# unused_mask and fifth return value). Code that checks flash_attn.__version__
+# before using a feature then sees the API it gets. fastattn's own version is
+# fastattn.__version__.
+__version__ = "2.8.3"
+
+__all__ = ["flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func",
+           "flash_attn_varlen_func", "flash_attn_varlen_kvpacked_func",
+           "flash_attn_varlen_qkvpacked_func", "flash_attn_with_kvcache"]
 
 
 # ----------------------------------------------------------------------------
@@ -49,16 +70,17 @@ def _real_float_dtype(dtype):
     return dtype.kind == "f" or dtype.name == "bfloat16"
 
 
-def _array(x, name, ndim, writeable=False):
+def _array(x, name, ndim, writeable=""):
     """`x` as an ndarray of a real floating dtype with `ndim` dims (no copy).
-    With `writeable` (a cache that k and v are appended into) it must be a
-    NumPy array or a CPU torch tensor, whose memory the NumPy view shares."""
+    With `writeable` (what is written into it, for the error: a cache that k
+    and v are appended into, an array rotated in place) it must be a NumPy
+    array or a CPU torch tensor, whose memory the NumPy view shares."""
     if writeable and not (isinstance(x, np.ndarray) or _is_torch_tensor(x)):
         raise TypeError(f"{name} must be a NumPy array or a CPU torch tensor (it is updated "
                         f"in place), got {type(x).__name__}")
     arr = as_array(x, name)  # torch tensors, DLPack, bfloat16: fastattn's one rule
     if writeable and not arr.flags.writeable:
-        raise ValueError(f"{name} must be writeable: k and v are appended into it in place")
+        raise ValueError(f"{name} must be writeable: {writeable}")
     if not _real_float_dtype(arr.dtype):
         raise TypeError(f"{name} must have a real floating dtype (float16, bfloat16, float32 "
                         f"or float64), got {arr.dtype}")
@@ -134,7 +156,7 @@ def _check_softcap(softcap):
     try:
         value = float(softcap)
     except OverflowError:  # an int beyond float64's range
-        value = math.inf if softcap > 0 else -math.inf
+        value = -math.inf if softcap < 0 else math.inf  # (numbers.Real has __lt__)
     if value <= 0:  # (FlashAttention: "anything > 0 activates softcapping")
         return None
     if not value <= _FLOAT32_MAX:  # (NaN fails too)
@@ -346,6 +368,14 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     >>> bool(probs[0, 0, 0, 3:].any())  # query 0 sits at key position 0 + 7 - 5 = 2
     False
     """
+    return _attn(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                 deterministic, return_attn_probs, out)
+
+
+def _attn(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+          deterministic, return_attn_probs, out, given=None):
+    """flash_attn_func's work. `given`: the caller's arrays that q, k and v are
+    views of, as (name, array) pairs for out's overlap check (default: q, k, v)."""
     _check_dropout(dropout_p)
     q = _array(q, "q", 4)
     k = _array(k, "k", 4)
@@ -368,8 +398,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                        _check_alibi(alibi_slopes, B, H))
     _bool(deterministic, "deterministic")
     return_attn_probs = _bool(return_attn_probs, "return_attn_probs")
-    out = _check_out(out, (B, L, H, Dv), [("q", q), ("k", k), ("v", v),
-                                          ("alibi_slopes", alibi_slopes)])
+    given = [("q", q), ("k", k), ("v", v)] if given is None else given
+    out = _check_out(out, (B, L, H, Dv), given + [("alibi_slopes", alibi_slopes)])
     # (the probabilities first: where they do not fit, nothing has been written)
     probs = (fastattn.attention_weights(_bhld(q), _bhld(k), enable_gqa=True, **kw)
              if return_attn_probs else None)
@@ -437,6 +467,16 @@ def _check_written_blocks(table, seqlens, end, block_size):
                          f"but block {block} is also used at block_table{other}: a block that "
                          f"k and v are appended into must appear once in block_table (only "
                          f"blocks that no append writes, e.g. a shared prefix, may repeat)")
+
+
+def _check_max_seqlen(value, name, lengths):
+    """`value` as an int, at least the longest of `lengths` (FlashAttention sizes
+    its grid from it: a longer sequence would be cut)."""
+    value = _int(value, name)
+    if lengths.size and value < lengths.max():
+        raise ValueError(f"{name} ({value}) is smaller than the longest sequence "
+                         f"({int(lengths.max())})")
+    return int(value)
 
 
 def _gather_pages(cache, table_row, start, end):
@@ -533,6 +573,17 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     >>> bool(np.array_equal(out[3:], alone[0]))
     True
     """
+    return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                   softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                   return_attn_probs, block_table, out)
+
+
+def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+            softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+            return_attn_probs, block_table, out, given=None):
+    """flash_attn_varlen_func's work. `given`: the caller's arrays that q, k, v
+    and the offsets come from, as (name, array) pairs for out's overlap check
+    (default: q, k, v, cu_seqlens_q, cu_seqlens_k)."""
     _check_dropout(dropout_p)
     q = _array(q, "q", 3)
     paged = block_table is not None
@@ -565,13 +616,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
             raise ValueError(f"cu_seqlens_k must have the length of cu_seqlens_q ({B + 1}), "
                              f"got {cu_k.size}")
     len_q, len_k = np.diff(cu_q), np.diff(cu_k)
-    for name, value, lengths in (("max_seqlen_q", max_seqlen_q, len_q),
-                                 ("max_seqlen_k", max_seqlen_k, len_k)):
-        value = _int(value, name)
-        if B and value < lengths.max():
-            raise ValueError(f"{name} ({value}) is smaller than the longest sequence "
-                             f"({int(lengths.max())})")
-    max_seqlen_q, max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
+    max_seqlen_q = _check_max_seqlen(max_seqlen_q, "max_seqlen_q", len_q)
+    max_seqlen_k = _check_max_seqlen(max_seqlen_k, "max_seqlen_k", len_k)
     causal = _bool(causal, "causal")
     window = _check_window(window_size, total_q + int(cu_k[-1]))
     scale, cap = _check_scale(softmax_scale), _check_softcap(softcap)
@@ -579,9 +625,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     _bool(deterministic, "deterministic")
     return_attn_probs = _bool(return_attn_probs, "return_attn_probs")
     # (the caller's arrays, as given: out may overlap none of them)
-    inputs = [("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q),
-              ("cu_seqlens_k", cu_seqlens_k), ("alibi_slopes", alibi_slopes),
-              ("block_table", block_table)]
+    if given is None:
+        given = [("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q),
+                 ("cu_seqlens_k", cu_seqlens_k)]
+    inputs = given + [("alibi_slopes", alibi_slopes), ("block_table", block_table)]
     probs = None
     if return_attn_probs:  # (before anything is written: its size is the caller's to choose)
         probs = new_array((B, H, max_seqlen_q, max_seqlen_k),
@@ -611,25 +658,370 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 
 
 # ----------------------------------------------------------------------------
+# Packed inputs: q, k and v (or k and v) stacked on one axis. Each function
+# hands views of the packed array to flash_attn_func or flash_attn_varlen_func
+# (the core reads such strided rows in place): the same checks, rules and bits.
+
+
+def _packed(x, name, layout):
+    """`x` as an ndarray of `layout` (the names of its axes, e.g. ("batch_size",
+    "seqlen", 3, "nheads", "headdim")): that many dimensions, the packing axis of
+    the stated size, a head dimension >= 1."""
+    arr = _array(x, name, len(layout))
+    n = next(a for a in layout if isinstance(a, int))
+    if arr.shape[layout.index(n)] != n or arr.shape[-1] < 1:
+        shape = ", ".join(str(a) for a in layout)
+        raise ValueError(f"{name} must have shape ({shape}) with headdim >= 1, got {arr.shape}")
+    return arr
+
+
+def _check_kv(q, kv):
+    """kv's batch (fixed-length layout only), heads and head dimension against q's."""
+    if kv.ndim == 5 and kv.shape[0] != q.shape[0]:
+        raise ValueError(f"kv must have q's batch size ({q.shape[0]}), got kv of shape "
+                         f"{kv.shape}")
+    if kv.shape[-1] != q.shape[-1]:
+        raise ValueError(f"kv's head dimension must be q's ({q.shape[-1]}), got kv of shape "
+                         f"{kv.shape}")
+    _check_heads(q.shape[-2], kv.shape[-2], "kv")
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
+                              window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                              deterministic=False, return_attn_probs=False, *, out=None):
+    """FlashAttention's ``flash_attn_qkvpacked_func``: self-attention on one packed array.
+
+    Parameters
+    ----------
+    qkv : array_like, shape (B, L, 3, H, D), real floating dtype
+        Queries, keys and values stacked on axis 2 (``qkv[:, :, 0]`` is q,
+        ``qkv[:, :, 1]`` k, ``qkv[:, :, 2]`` v), as the fused QKV projection
+        of a transformer block gives them. All three have H heads; for
+        grouped-query attention see :func:`flash_attn_kvpacked_func`.
+    dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic
+        As in :func:`flash_attn_func` (here ``S = L``).
+    return_attn_probs : bool, default False
+        Also return ``softmax_lse`` and the attention probabilities.
+    out : ndarray, optional
+        fastattn extension (keyword only): a writeable C-contiguous float32
+        array of shape (B, L, H, D), sharing no memory with `qkv` or
+        `alibi_slopes`, that receives the output and is returned.
+
+    Returns
+    -------
+    out : ndarray, float32, shape (B, L, H, D)
+    softmax_lse : ndarray, float32, shape (B, H, L)
+        Only with `return_attn_probs`, as in :func:`flash_attn_func`.
+    attn_probs : ndarray, float32, shape (B, H, L, L)
+        Only with `return_attn_probs`, as in :func:`flash_attn_func`.
+
+    Raises
+    ------
+    TypeError
+        If `qkv` does not have a real floating dtype, and as
+        :func:`flash_attn_func`.
+    ValueError
+        If `qkv` does not have 5 dimensions with 3 on axis 2 and a head
+        dimension >= 1, and as :func:`flash_attn_func` (`out` checked against
+        `qkv` and `alibi_slopes` as given).
+
+    Notes
+    -----
+    Signature, defaults and return values are those of FlashAttention 2.x's
+    ``flash_attn_qkvpacked_func`` (``flash_attn/flash_attn_interface.py``),
+    which splits ``qkv`` the same way. Here the three parts are views of
+    `qkv`, read in place (no copy), and the result is bitwise that of
+    ``flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], ...)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastattn.flash_attn import flash_attn_qkvpacked_func, flash_attn_func
+    >>> rng = np.random.default_rng(0)
+    >>> qkv = rng.standard_normal((2, 6, 3, 4, 16), dtype=np.float32)  # (B, L, 3, H, D)
+    >>> out = flash_attn_qkvpacked_func(qkv, causal=True)
+    >>> out.shape
+    (2, 6, 4, 16)
+    >>> q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    >>> bool(np.array_equal(out, flash_attn_func(q, k, v, causal=True)))
+    True
+    """
+    given = qkv
+    qkv = _packed(qkv, "qkv", ("batch_size", "seqlen", 3, "nheads", "headdim"))
+    return _attn(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dropout_p, softmax_scale, causal,
+                 window_size, softcap, alibi_slopes, deterministic, return_attn_probs, out,
+                 given=[("qkv", given)])
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
+                             window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                             deterministic=False, return_attn_probs=False, *, out=None):
+    """FlashAttention's ``flash_attn_kvpacked_func``: attention with keys and values packed.
+
+    Parameters
+    ----------
+    q : array_like, shape (B, L, H, D), real floating dtype
+        Queries.
+    kv : array_like, shape (B, S, 2, Hkv, D), real floating dtype
+        Keys (``kv[:, :, 0]``) and values (``kv[:, :, 1]``) stacked on axis 2;
+        ``H % Hkv == 0`` (grouped-query and multi-query attention as in
+        :func:`flash_attn_func`).
+    dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic
+        As in :func:`flash_attn_func`.
+    return_attn_probs : bool, default False
+        Also return ``softmax_lse`` and the attention probabilities.
+    out : ndarray, optional
+        fastattn extension (keyword only): a writeable C-contiguous float32
+        array of shape (B, L, H, D), sharing no memory with `q`, `kv` or
+        `alibi_slopes`, that receives the output and is returned.
+
+    Returns
+    -------
+    out : ndarray, float32, shape (B, L, H, D)
+    softmax_lse : ndarray, float32, shape (B, H, L)
+        Only with `return_attn_probs`, as in :func:`flash_attn_func`.
+    attn_probs : ndarray, float32, shape (B, H, L, S)
+        Only with `return_attn_probs`, as in :func:`flash_attn_func`.
+
+    Raises
+    ------
+    TypeError
+        If `q` or `kv` does not have a real floating dtype, and as
+        :func:`flash_attn_func`.
+    ValueError
+        If `kv` does not have 5 dimensions with 2 on axis 2 and a head
+        dimension >= 1, or its batch size, head dimension or heads do not
+        fit `q`'s, and as :func:`flash_attn_func` (`out` checked against `q`,
+        `kv` and `alibi_slopes` as given).
+
+    Notes
+    -----
+    Signature, defaults and return values are those of FlashAttention 2.x's
+    ``flash_attn_kvpacked_func`` (``flash_attn/flash_attn_interface.py``).
+    The keys and values are views of `kv`, read in place (no copy); the
+    result is bitwise that of ``flash_attn_func(q, kv[:, :, 0], kv[:, :, 1],
+    ...)``.
+
+    Examples
+    --------
+    Cross-attention of 3 queries over 5 packed keys and values, 2 query heads
+    per kv head:
+
+    >>> import numpy as np
+    >>> from fastattn.flash_attn import flash_attn_kvpacked_func, flash_attn_func
+    >>> rng = np.random.default_rng(0)
+    >>> q = rng.standard_normal((2, 3, 4, 8), dtype=np.float32)       # (B, L, H, D)
+    >>> kv = rng.standard_normal((2, 5, 2, 2, 8), dtype=np.float32)   # (B, S, 2, Hkv, D)
+    >>> out, lse, probs = flash_attn_kvpacked_func(q, kv, return_attn_probs=True)
+    >>> out.shape, lse.shape, probs.shape
+    ((2, 3, 4, 8), (2, 4, 3), (2, 4, 3, 5))
+    >>> bool(np.array_equal(out, flash_attn_func(q, kv[:, :, 0], kv[:, :, 1])))
+    True
+    """
+    given = [("q", q), ("kv", kv)]
+    q = _array(q, "q", 4)
+    kv = _packed(kv, "kv", ("batch_size", "seqlen_k", 2, "nheads_k", "headdim"))
+    _check_kv(q, kv)
+    return _attn(q, kv[:, :, 0], kv[:, :, 1], dropout_p, softmax_scale, causal, window_size,
+                 softcap, alibi_slopes, deterministic, return_attn_probs, out, given=given)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
+                                     softmax_scale=None, causal=False, window_size=(-1, -1),
+                                     softcap=0.0, alibi_slopes=None, deterministic=False,
+                                     return_attn_probs=False, *, out=None):
+    """FlashAttention's ``flash_attn_varlen_qkvpacked_func``: packed sequences, packed q, k, v.
+
+    Parameters
+    ----------
+    qkv : array_like, shape (total, 3, H, D), real floating dtype
+        The queries (``qkv[:, 0]``), keys (``qkv[:, 1]``) and values
+        (``qkv[:, 2]``) of all sequences, one after the other (as
+        :func:`fastattn.flash_attn.bert_padding.unpad_input` packs them).
+    cu_seqlens : array_like of int, shape (B + 1,)
+        Offsets: sequence ``b`` is ``qkv[cu_seqlens[b]:cu_seqlens[b + 1]]``.
+        Starts at 0, does not decrease, ends at total.
+    max_seqlen : int
+        At least the longest sequence, else ValueError.
+    dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic
+        As in :func:`flash_attn_varlen_func`, each sequence attending to
+        itself (``L_b = S_b``).
+    return_attn_probs : bool, default False
+        Also return ``softmax_lse`` and the attention probabilities.
+    out : ndarray, optional
+        fastattn extension (keyword only): a float32 (total, H, D) array
+        receiving the output, sharing no memory with the arguments.
+
+    Returns
+    -------
+    out : ndarray, float32, shape (total, H, D)
+    softmax_lse : ndarray, float32, shape (H, total)
+        Only with `return_attn_probs`, as in :func:`flash_attn_varlen_func`.
+    attn_probs : ndarray, float32, shape (B, H, max_seqlen, max_seqlen)
+        Only with `return_attn_probs`, as in :func:`flash_attn_varlen_func`.
+
+    Raises
+    ------
+    TypeError
+        If `qkv` does not have a real floating dtype or `cu_seqlens` is not
+        integers, and as :func:`flash_attn_varlen_func`.
+    ValueError
+        If `qkv` does not have 4 dimensions with 3 on axis 1 and a head
+        dimension >= 1, `cu_seqlens` is not as described, `max_seqlen` is
+        smaller than a sequence, and as :func:`flash_attn_varlen_func`.
+
+    Notes
+    -----
+    Signature, defaults and return values are those of FlashAttention 2.x's
+    ``flash_attn_varlen_qkvpacked_func`` (``flash_attn/flash_attn_interface.py``),
+    which passes ``cu_seqlens`` and ``max_seqlen`` for both queries and keys,
+    as here. The three parts are views of `qkv`, read in place; the result
+    is bitwise that of ``flash_attn_varlen_func(qkv[:, 0], qkv[:, 1],
+    qkv[:, 2], cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, ...)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastattn.flash_attn import (flash_attn_varlen_qkvpacked_func,
+    ...                                  flash_attn_qkvpacked_func)
+    >>> rng = np.random.default_rng(0)
+    >>> qkv = rng.standard_normal((7, 3, 2, 8), dtype=np.float32)  # 3 + 4 tokens
+    >>> cu = np.array([0, 3, 7], np.int32)
+    >>> out = flash_attn_varlen_qkvpacked_func(qkv, cu, 4, causal=True)
+    >>> out.shape
+    (7, 2, 8)
+    >>> alone = flash_attn_qkvpacked_func(qkv[None, 3:], causal=True)  # the second one
+    >>> bool(np.array_equal(out[3:], alone[0]))
+    True
+    """
+    given = [("qkv", qkv), ("cu_seqlens", cu_seqlens)]
+    qkv = _packed(qkv, "qkv", ("total", 3, "nheads", "headdim"))
+    cu = check_cu_seqlens(cu_seqlens, "cu_seqlens", qkv.shape[0], "total (qkv.shape[0])")
+    _check_max_seqlen(max_seqlen, "max_seqlen", np.diff(cu))
+    return _varlen(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu, cu, max_seqlen, max_seqlen, dropout_p,
+                   softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                   return_attn_probs, None, out, given=given)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                    max_seqlen_k, dropout_p=0.0, softmax_scale=None,
+                                    causal=False, window_size=(-1, -1), softcap=0.0,
+                                    alibi_slopes=None, deterministic=False,
+                                    return_attn_probs=False, *, out=None):
+    """FlashAttention's ``flash_attn_varlen_kvpacked_func``: packed sequences, packed k and v.
+
+    Parameters
+    ----------
+    q : array_like, shape (total_q, H, D), real floating dtype
+        The queries of all sequences, one after the other.
+    kv : array_like, shape (total_k, 2, Hkv, D), real floating dtype
+        The keys (``kv[:, 0]``) and values (``kv[:, 1]``) of all sequences;
+        ``H % Hkv == 0``.
+    cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
+        As in :func:`flash_attn_varlen_func` (`cu_seqlens_k` indexes `kv`).
+    dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic
+        As in :func:`flash_attn_varlen_func`.
+    return_attn_probs : bool, default False
+        Also return ``softmax_lse`` and the attention probabilities.
+    out : ndarray, optional
+        fastattn extension (keyword only): a float32 (total_q, H, D) array
+        receiving the output, sharing no memory with the arguments.
+
+    Returns
+    -------
+    out : ndarray, float32, shape (total_q, H, D)
+    softmax_lse : ndarray, float32, shape (H, total_q)
+        Only with `return_attn_probs`, as in :func:`flash_attn_varlen_func`.
+    attn_probs : ndarray, float32, shape (B, H, max_seqlen_q, max_seqlen_k)
+        Only with `return_attn_probs`, as in :func:`flash_attn_varlen_func`.
+
+    Raises
+    ------
+    TypeError
+        If `q` or `kv` does not have a real floating dtype, and as
+        :func:`flash_attn_varlen_func`.
+    ValueError
+        If `kv` does not have 4 dimensions with 2 on axis 1 and a head
+        dimension >= 1, or its head dimension or heads do not fit `q`'s, and
+        as :func:`flash_attn_varlen_func`.
+
+    Notes
+    -----
+    Signature, defaults and return values are those of FlashAttention 2.x's
+    ``flash_attn_varlen_kvpacked_func`` (``flash_attn/flash_attn_interface.py``).
+    The keys and values are views of `kv`, read in place; the result is
+    bitwise that of ``flash_attn_varlen_func(q, kv[:, 0], kv[:, 1], ...)``.
+
+    Examples
+    --------
+    Two sequences of 2 and 3 queries over 4 and 1 packed keys and values:
+
+    >>> import numpy as np
+    >>> from fastattn.flash_attn import flash_attn_varlen_kvpacked_func, flash_attn_varlen_func
+    >>> rng = np.random.default_rng(0)
+    >>> q = rng.standard_normal((5, 4, 8), dtype=np.float32)       # (total_q, H, D)
+    >>> kv = rng.standard_normal((5, 2, 1, 8), dtype=np.float32)   # (total_k, 2, Hkv, D)
+    >>> cu_q, cu_k = np.array([0, 2, 5]), np.array([0, 4, 5])
+    >>> out = flash_attn_varlen_kvpacked_func(q, kv, cu_q, cu_k, 3, 4)
+    >>> out.shape
+    (5, 4, 8)
+    >>> same = flash_attn_varlen_func(q, kv[:, 0], kv[:, 1], cu_q, cu_k, 3, 4)
+    >>> bool(np.array_equal(out, same))
+    True
+    """
+    given = [("q", q), ("kv", kv), ("cu_seqlens_q", cu_seqlens_q),
+             ("cu_seqlens_k", cu_seqlens_k)]
+    q = _array(q, "q", 3)
+    kv = _packed(kv, "kv", ("total_k", 2, "nheads_k", "headdim"))
+    _check_kv(q, kv)
+    return _varlen(q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                   max_seqlen_k, dropout_p, softmax_scale, causal, window_size, softcap,
+                   alibi_slopes, deterministic, return_attn_probs, None, out, given=given)
+
+
+# ----------------------------------------------------------------------------
 # flash_attn_with_kvcache
 
 
-def _rotate(x, cos, sin, pos, interleaved):
-    """Rotary embedding of the first ``2 * cos.shape[1]`` features of x (B, T, H,
-    D), token t of batch b at position pos[b, t]; a new float32 array."""
+def _rotary_tables(cos, sin, D, cos_name, sin_name):
+    """The rotary tables cos and sin (seqlen_ro, rotary_dim / 2) as float32
+    copies, with 1 <= rotary_dim <= D (the head dimension)."""
+    cos = _array(cos, cos_name, 2).astype(np.float32)
+    sin = _array(sin, sin_name, 2).astype(np.float32)
+    if sin.shape != cos.shape:
+        raise ValueError(f"{sin_name} must have {cos_name}'s shape {cos.shape}, got "
+                         f"{sin.shape}")
+    if not 1 <= 2 * cos.shape[1] <= D:
+        raise ValueError(f"{cos_name} must have shape (seqlen_ro, rotary_dim / 2) with "
+                         f"1 <= rotary_dim <= headdim = {D}, got {cos.shape}")
+    return cos, sin
+
+
+def _rotate(x, cos, sin, pos, interleaved, out=None):
+    """The rotary embedding, in one place for flash_attn_with_kvcache and
+    layers.rotary.apply_rotary_emb: the first ``rd = 2 * cos.shape[1]``
+    features of x (..., T, H, D) turned, token t by the angle of row
+    ``pos[..., t]`` of the float32 tables cos and sin (rd / 2 columns), the
+    same for every head. Feature pairs (2i, 2i + 1) when `interleaved` (GPT-J),
+    else (i, i + rd / 2) (GPT-NeoX); the other features are kept.
+
+    The arithmetic is float32 (FlashAttention's rotary kernel loads x, cos and
+    sin as float32): ``x1 * cos - x2 * sin`` and ``x1 * sin + x2 * cos``, each
+    product rounded, no fused multiply-add. The result goes into `out` (x's
+    shape, any real floating dtype: cast on the write; x itself for an update
+    in place), else into a new float32 copy of x; returned."""
     half = cos.shape[1]
     rd = 2 * half
-    out = np.array(x, dtype=np.float32, copy=True)
-    c = cos[pos][:, :, None, :]  # (B, T, 1, rd / 2)
-    s = sin[pos][:, :, None, :]
-    if interleaved:  # pairs (0, 1), (2, 3), ... (GPT-J)
-        x1, x2 = out[..., 0:rd:2].copy(), out[..., 1:rd:2].copy()
-        out[..., 0:rd:2] = x1 * c - x2 * s
-        out[..., 1:rd:2] = x1 * s + x2 * c
-    else:  # pairs (i, i + rd / 2) (GPT-NeoX)
-        x1, x2 = out[..., :half].copy(), out[..., half:rd].copy()
-        out[..., :half] = x1 * c - x2 * s
-        out[..., half:rd] = x1 * s + x2 * c
+    a, b = (slice(0, rd, 2), slice(1, rd, 2)) if interleaved else (slice(0, half),
+                                                                    slice(half, rd))
+    c = cos[pos][..., None, :]  # (..., T, 1, rd / 2): the heads share the angle
+    s = sin[pos][..., None, :]
+    x1 = np.array(x[..., a], dtype=np.float32)  # (copies: out may be x)
+    x2 = np.array(x[..., b], dtype=np.float32)
+    if out is None:
+        out = np.array(x, dtype=np.float32, copy=True)
+    out[..., a] = x1 * c - x2 * s
+    out[..., b] = x1 * s + x2 * c
     return out
 
 
@@ -854,8 +1246,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     new_kv = k is not None or v is not None
     if (k is None) != (v is None):
         raise ValueError("k and v must be given together (the new keys and values)")
-    k_cache = _array(k_cache, "k_cache", 4, writeable=new_kv)
-    v_cache = _array(v_cache, "v_cache", 4, writeable=new_kv)
+    appended = "k and v are appended into it in place" if new_kv else ""
+    k_cache = _array(k_cache, "k_cache", 4, writeable=appended)
+    v_cache = _array(v_cache, "v_cache", 4, writeable=appended)
     if new_kv and shares_memory(k_cache, v_cache):
         raise ValueError("k_cache and v_cache must not share memory when k and v are appended "
                          "(each position would be written twice)")
@@ -930,10 +1323,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if B and bad.any():
         b = int(np.argmax(bad))
         got = value if scalar else int(seqlens[b])
-        where = ("block_table addresses" if paged else "k_cache has (k_cache.shape[1])")
+        room = ("block_table addresses" if paged else "k_cache has (k_cache.shape[1])")
         raise ValueError(f"cache_seqlens[{b}] = {got}"
                          + (f" plus seqlen_new = {L_new}" if L_new else "")
-                         + f" must lie in [0, {capacity}]: the positions {where}")
+                         + f" must lie in [0, {capacity}]: the positions {room}")
     end = seqlens + L_new
     if cache_leftpad is None:
         start = np.zeros(B, np.int64)
@@ -971,14 +1364,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         if not new_kv:
             raise ValueError("rotary_cos and rotary_sin need k and v (the rotary embedding is "
                              "applied to the new keys and the queries)")
-        cos = _array(rotary_cos, "rotary_cos", 2).astype(np.float32)
-        sin = _array(rotary_sin, "rotary_sin", 2).astype(np.float32)
-        if sin.shape != cos.shape:
-            raise ValueError(f"rotary_sin must have rotary_cos's shape {cos.shape}, got "
-                             f"{sin.shape}")
-        if not 1 <= 2 * cos.shape[1] <= D:
-            raise ValueError(f"rotary_cos must have shape (seqlen_ro, rotary_dim / 2) with "
-                             f"1 <= rotary_dim <= headdim = {D}, got {cos.shape}")
+        cos, sin = _rotary_tables(rotary_cos, rotary_sin, D, "rotary_cos", "rotary_sin")
         # FlashAttention: "local" is a window side below the cache length.
         local = any(side is not None and side < capacity for side in window)
         q_pos = seqlens[:, None] + (np.arange(L) if causal or local else np.zeros(L, np.int64))
