@@ -41,10 +41,13 @@ It streams the text as it is generated, then prints the tokens/s of the
 prefill and of the decode and how their time splits between attention,
 matrix products and the rest. ``--threads N`` sets the threads of both
 fastattn (OpenMP) and NumPy's BLAS (through threadpoolctl; the prefill then
-runs its rows in N threads of one BLAS thread each, the decoding steps use
-the N BLAS threads); ``--decode-blas-threads N`` limits the BLAS to
-N threads while decoding (``1`` on a machine whose other cores are busy; see
-:func:`generate`).
+runs its rows in N threads of one BLAS thread each). While decoding, the
+BLAS runs on one thread by default (:data:`DECODE_BLAS_THREADS`: a decoding
+step's many small products are several times slower on two BLAS threads
+when another core is busy, and only a little faster on a quiet machine);
+``--decode-blas-threads N`` gives it N threads instead, and
+``--decode-blas-threads keep`` leaves it as set (the threads of ``--threads``,
+else the BLAS's default; see :func:`generate`).
 
 Threads. The prefill runs its rows in as many Python threads as the BLAS
 has (each with one BLAS thread; see :func:`forward`'s `threads`), the
@@ -1120,9 +1123,22 @@ def sample(logits, temperature, top_p, rng):
     return int(order[rng.choice(len(order), p=sorted_p)])
 
 
+#: Threads of NumPy's BLAS while :func:`generate` decodes, by default. A
+#: decoding step is 121 matrix-vector products of a fraction of a millisecond
+#: each, and OpenBLAS's threads meet in every one of them: while other work
+#: keeps a core busy, each product waits for the BLAS thread that is not
+#: scheduled. On two cores (AMD EPYC, OpenBLAS 0.3.31) two BLAS threads
+#: decoded at 2-8 tokens/s and one at 22-41 while other processes used 1-1.4
+#: cores; with the machine otherwise quiet two gave 50 and one 40-41 (on a
+#: quiet two-core Intel Xeon 29 against 17: the README). One thread costs a
+#: fifth to two fifths on a quiet machine and avoids a five- to tenfold loss
+#: on a busy one; ``None`` in :func:`generate` keeps the caller's setting.
+DECODE_BLAS_THREADS = 1
+
+
 def generate(model, ids, max_new_tokens, *, temperature=0.0, top_p=1.0, seed=None,
              stop_at_eos=True, stream=None, kv_dtype=np.float32, timings=None,
-             on_attention=None, decode_blas_threads=None):
+             on_attention=None, decode_blas_threads=DECODE_BLAS_THREADS):
     """Continue a prompt: prefill it, then decode one token at a time.
 
     Parameters
@@ -1156,19 +1172,19 @@ def generate(model, ids, max_new_tokens, *, temperature=0.0, top_p=1.0, seed=Non
         Filled with the prefill and decode times and their split.
     on_attention : callable, optional
         Passed to :func:`forward`.
-    decode_blas_threads : int or None, default None
-        Threads of NumPy's BLAS while decoding. ``None`` leaves the BLAS
-        as the caller set it (e.g. with ``threadpoolctl.threadpool_limits``)
-        for the prefill and the decoding alike. An int ``n >= 1`` limits it
+    decode_blas_threads : int or None, default :data:`DECODE_BLAS_THREADS` (1)
+        Threads of NumPy's BLAS while decoding. An int ``n >= 1`` limits it
         to `n` threads around the decoding loop (a ``threadpoolctl`` limit,
         lifted when the loop ends; the prefill keeps the caller's setting).
+        ``None`` leaves the BLAS as the caller set it (e.g. with
+        ``threadpoolctl.threadpool_limits``) for the decoding too.
         A decoding step's matrix products are matrix-vector products (one
         row times a 576-wide weight matrix), limited by how fast the weights
         stream from memory; on a quiet machine OpenBLAS's threads share that
-        work and speed it up, but on one whose other cores are busy each
-        product waits for a thread that is not scheduled, and ``1`` is then
-        much faster.
-        fastattn's own threads are not affected.
+        work and speed it up somewhat, but on one whose other cores are busy
+        each of the step's 121 products waits for a thread that is not
+        scheduled, and one thread is then several times faster (see
+        :data:`DECODE_BLAS_THREADS`). fastattn's own threads are not affected.
 
     Returns
     -------
@@ -1343,6 +1359,19 @@ class _Streamer:
         self.shown = len(text)
 
 
+def _decode_blas_threads_arg(text):
+    """``--decode-blas-threads``: an int >= 1, or ``keep`` (also ``0``) for None."""
+    if text.strip().lower() in ("keep", "0"):
+        return None
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1 or 'keep', got {text!r}")
+    return n
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         description="SmolLM2-135M-Instruct in NumPy with fastattn's attention: stream a "
@@ -1359,10 +1388,13 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=None, help="sampling seed")
     parser.add_argument("--threads", type=int, default=None,
                         help="threads of fastattn and of NumPy's BLAS (default: theirs)")
-    parser.add_argument("--decode-blas-threads", type=int, default=0,
-                        help="limit NumPy's BLAS to this many threads while decoding (default "
-                             "0: no limit, the threads of --threads; 1 helps on a machine "
-                             "whose other cores are busy; see generate's decode_blas_threads)")
+    parser.add_argument("--decode-blas-threads", type=_decode_blas_threads_arg,
+                        default=DECODE_BLAS_THREADS, metavar="{N,keep}",
+                        help="threads of NumPy's BLAS while decoding: N limits it to N "
+                             "(default: %(default)s, the fastest on a machine whose other "
+                             "cores are busy and close to it on a quiet one); 'keep' (or 0) "
+                             "leaves it as set, the threads of --threads or else the BLAS's "
+                             "own default (see generate's decode_blas_threads)")
     parser.add_argument("--kv-dtype", choices=("float32", "float16", "bfloat16"),
                         default="float32",
                         help="element type of the KV cache (default: %(default)s; bfloat16 "
@@ -1381,8 +1413,6 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.max_new_tokens < 0:
         parser.error("--max-new-tokens must be >= 0")
-    if args.decode_blas_threads < 0:
-        parser.error("--decode-blas-threads must be >= 0")
 
     try:
         model = load_model(args.model)
@@ -1411,14 +1441,17 @@ def main(argv=None):
             out = generate(model, ids, args.max_new_tokens, temperature=args.temperature,
                            top_p=args.top_p, seed=args.seed, stream=_Streamer(model),
                            kv_dtype=args.kv_dtype, timings=timings, on_attention=recorder,
-                           decode_blas_threads=args.decode_blas_threads or None)
+                           decode_blas_threads=args.decode_blas_threads)
         except ValueError as exc:
             print(f"\nerror: {exc}", file=sys.stderr)
             return 2
     print("\n")
     print(timings.report(), file=sys.stderr)
+    decode_blas = ("as set" if args.decode_blas_threads is None
+                   else args.decode_blas_threads)
     print(f"(fastattn threads {fastattn.get_num_threads()}, simd "
-          f"{fastattn.show_config(print_=False)['simd']})", file=sys.stderr)
+          f"{fastattn.show_config(print_=False)['simd']}; BLAS threads while decoding "
+          f"{decode_blas})", file=sys.stderr)
     if recorder is not None and recorder.rows:
         plot_attention(model, out, recorder, args.attention_png)
         print(f"wrote {args.attention_png}", file=sys.stderr)

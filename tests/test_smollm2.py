@@ -465,17 +465,20 @@ def test_decoding_runs_blas_on_the_threads_asked_for_and_restores_them(tiny):
     with threadpool_limits(2, user_api="blas"):
         before = _blas_threads()
         seen = []
-        # the default leaves the BLAS as the caller set it, while decoding too
-        out = smollm2.generate(tiny, prompt, 6, stop_at_eos=False,
+        # None leaves the BLAS as the caller set it, while decoding too
+        out = smollm2.generate(tiny, prompt, 6, stop_at_eos=False, decode_blas_threads=None,
                                stream=lambda t: seen.append(_blas_threads()))
         assert len(seen) == 6 and all(s == before for s in seen)
-        seen.clear()
-        pinned = smollm2.generate(tiny, prompt, 6, stop_at_eos=False, decode_blas_threads=1,
-                                  stream=lambda t: seen.append(_blas_threads()))
-        assert len(seen) == 6 and all(s == [1] * len(before) for s in seen)
-        assert _blas_threads() == before
-    # the thread count changes how fast, not what
-    assert pinned == out
+        for asked, expected in ((3, 3), ("default", smollm2.DECODE_BLAS_THREADS)):
+            seen.clear()
+            kwargs = {} if asked == "default" else {"decode_blas_threads": asked}
+            limited = smollm2.generate(tiny, prompt, 6, stop_at_eos=False, **kwargs,
+                                       stream=lambda t: seen.append(_blas_threads()))
+            assert len(seen) == 6 and all(s == [expected] * len(before) for s in seen)
+            assert _blas_threads() == before
+            # the thread count changes how fast, not what
+            assert limited == out
+    assert smollm2.DECODE_BLAS_THREADS == 1
 
 
 def test_prefill_rows_in_threads_equal_one_thread(tiny):
@@ -554,8 +557,10 @@ def test_row_blocks_wait_for_each_other_and_raise_the_first_error():
     assert smollm2._each_range(pool, smollm2._row_ranges(12, 3), lambda a, b: b - a) == 12
 
 
-@pytest.mark.parametrize("flag, expected", [([], None), (["--decode-blas-threads", "0"], None),
-                                            (["--decode-blas-threads", "1"], 1)])
+@pytest.mark.parametrize("flag, expected", [([], 1), (["--decode-blas-threads", "keep"], None),
+                                            (["--decode-blas-threads", "0"], None),
+                                            (["--decode-blas-threads", "1"], 1),
+                                            (["--decode-blas-threads", "3"], 3)])
 def test_cli_decode_blas_threads(tiny_path, monkeypatch, capsys, flag, expected):
     seen = {}
     real = smollm2.generate
@@ -568,8 +573,11 @@ def test_cli_decode_blas_threads(tiny_path, monkeypatch, capsys, flag, expected)
     assert smollm2.main(["--model", str(tiny_path), "--prompt", "the air",
                          "--max-new-tokens", "2", *flag]) == 0
     assert seen == {"decode_blas_threads": expected}
-    with pytest.raises(SystemExit):
-        smollm2.main(["--model", str(tiny_path), "--decode-blas-threads", "-1"])
+    err = capsys.readouterr().err
+    assert f"BLAS threads while decoding {'as set' if expected is None else expected}" in err
+    for bad in ("-1", "1.5", "all"):
+        with pytest.raises(SystemExit):
+            smollm2.main(["--model", str(tiny_path), "--decode-blas-threads", bad])
 
 
 def test_prompt_beyond_the_context_is_an_error(tiny):
