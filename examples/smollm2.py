@@ -1175,9 +1175,11 @@ def generate(model, ids, max_new_tokens, *, temperature=0.0, top_p=1.0, seed=Non
     decode_blas_threads : int or None, default :data:`DECODE_BLAS_THREADS` (1)
         Threads of NumPy's BLAS while decoding. An int ``n >= 1`` limits it
         to `n` threads around the decoding loop (a ``threadpoolctl`` limit,
-        lifted when the loop ends; the prefill keeps the caller's setting).
-        ``None`` leaves the BLAS as the caller set it (e.g. with
-        ``threadpoolctl.threadpool_limits``) for the decoding too.
+        lifted when the loop ends), and around the prefill of a prompt of
+        fewer than 32 tokens, which :func:`forward` runs in the calling
+        thread (a longer one runs its rows in threads of one BLAS thread
+        each). ``None`` leaves the BLAS as the caller set it (e.g. with
+        ``threadpoolctl.threadpool_limits``) for both.
         A decoding step's matrix products are matrix-vector products (one
         row times a 576-wide weight matrix), limited by how fast the weights
         stream from memory; on a quiet machine OpenBLAS's threads share that
@@ -1235,15 +1237,23 @@ def generate(model, ids, max_new_tokens, *, temperature=0.0, top_p=1.0, seed=Non
     cache = KVCache(c, total, dtype=kv_dtype_of(kv_dtype))
     timer = Timings() if timings is None else timings
 
+
+    def blas_limit():
+        return (nullcontext() if decode_blas_threads is None
+                else _blas_controller().limit(limits=int(decode_blas_threads)))
+
     timer.phase = "prefill"
     t0 = _clock()
-    logits = forward(model, prompt, cache, timings=timer, on_attention=on_attention)
+    # forward() runs a prompt too short to split over threads by rows in this
+    # thread on the BLAS as set: a few-row product per weight matrix, which
+    # contended BLAS threads slow down as they do a decoding step's
+    with blas_limit() if len(prompt) < 2 * _MIN_ROWS_PER_THREAD else nullcontext():
+        logits = forward(model, prompt, cache, timings=timer, on_attention=on_attention)
     token = sample(logits[-1], temperature, top_p, rng)
     timer.add("total", _clock() - t0)
     timer.add("tokens", len(prompt))
     timer.phase = "decode"
-    with (nullcontext() if decode_blas_threads is None
-          else threadpool_limits(int(decode_blas_threads), user_api="blas")):
+    with blas_limit():
         while True:
             out.append(token)
             if stream is not None:
@@ -1390,7 +1400,8 @@ def main(argv=None):
                         help="threads of fastattn and of NumPy's BLAS (default: theirs)")
     parser.add_argument("--decode-blas-threads", type=_decode_blas_threads_arg,
                         default=DECODE_BLAS_THREADS, metavar="{N,keep}",
-                        help="threads of NumPy's BLAS while decoding: N limits it to N "
+                        help="threads of NumPy's BLAS while decoding (and prefilling a "
+                             "prompt of under 32 tokens): N limits it to N "
                              "(default: %(default)s, the fastest on a machine whose other "
                              "cores are busy and close to it on a quiet one); 'keep' (or 0) "
                              "leaves it as set, the threads of --threads or else the BLAS's "

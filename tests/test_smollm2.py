@@ -481,6 +481,26 @@ def test_decoding_runs_blas_on_the_threads_asked_for_and_restores_them(tiny):
     assert smollm2.DECODE_BLAS_THREADS == 1
 
 
+def test_short_prompts_prefill_under_the_decoding_limit(tiny):
+    """A prompt that forward() runs in the calling thread gets the decoding's BLAS limit."""
+    if not _blas_threads():
+        pytest.skip("threadpoolctl sees no BLAS library in this process")
+    with threadpool_limits(2, user_api="blas"):
+        before = _blas_threads()
+        for n, asked, expected in ((4, "default", 1), (31, 3, 3), (4, None, 2),
+                                   (32, None, 1), (32, 3, 1)):  # 32: rows in threads
+            seen = []
+
+            def record(layer, q, k):
+                if q.shape[1] > 1:  # the prefill's passes
+                    seen.append(_blas_threads())
+
+            kwargs = {} if asked == "default" else {"decode_blas_threads": asked}
+            smollm2.generate(tiny, [5] * n, 2, stop_at_eos=False, on_attention=record, **kwargs)
+            assert seen == [[expected] * len(before)] * tiny.config.n_layers, (n, asked)
+            assert _blas_threads() == before
+
+
 def test_prefill_rows_in_threads_equal_one_thread(tiny):
     """A pass of many tokens split over threads by rows gives the one-thread logits."""
     if not _blas_threads():
