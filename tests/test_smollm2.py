@@ -12,9 +12,11 @@ against one recorded from Hugging Face transformers
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -179,6 +181,55 @@ def test_loader_reads_config_and_weights(tmp_path):
         for i in range(4):
             np.testing.assert_array_equal(q[h * 8 + i], q_gguf[h * 8 + 2 * i])
             np.testing.assert_array_equal(q[h * 8 + 4 + i], q_gguf[h * 8 + 2 * i + 1])
+
+
+def test_loader_reports_progress(tiny_path):
+    calls = []
+    smollm2.load_model(tiny_path, progress=lambda *a: calls.append(a))
+    n = 2 + 9 * TINY["n_layers"]  # embeddings, final norm, nine per layer (output tied)
+    assert calls == [("metadata", 0, 1), ("metadata", 1, 1),
+                     *[("weights", i, n) for i in range(n + 1)],
+                     ("tokenizer", 0, 1), ("tokenizer", 1, 1)]
+
+
+class _Terminal:
+    """A stand-in for stderr on a terminal: keeps what is written."""
+
+    def __init__(self):
+        self.text = ""
+
+    def isatty(self):
+        return True
+
+    def write(self, text):
+        self.text += text
+
+    def flush(self):
+        pass
+
+
+def test_load_progress_on_a_terminal_rewrites_one_line(tiny_path):
+    term = _Terminal()
+    progress = smollm2._LoadProgress("tiny.gguf", file=term)
+    smollm2.load_model(tiny_path, progress=progress)
+    progress.finish()
+    done = term.text
+    lines = done.split("\n")
+    assert len(lines) == 2 and lines[1] == ""  # one line, rewritten with carriage returns
+    shown = [part.rstrip() for part in lines[0].split("\r")[1:]]
+    assert shown[0].startswith("loading tiny.gguf: metadata and vocabulary (")
+    assert any("weights 20/20 tensors" in part for part in shown)
+    assert re.fullmatch(r"loaded tiny\.gguf in [\d.]+ s \(metadata and vocabulary [\d.]+ s, "
+                        r"weights [\d.]+ s, tokenizer [\d.]+ s\)", shown[-1])
+    time.sleep(0.6)  # the thread that advances the seconds has stopped
+    assert term.text == done
+    # an error during loading: close() ends the open line for the message after it
+    term = _Terminal()
+    progress = smollm2._LoadProgress("bad.gguf", file=term)
+    progress("metadata", 0, 1)
+    progress.close()
+    assert term.text.startswith("\rloading bad.gguf: metadata and vocabulary (")
+    assert term.text.endswith("\n") and term.text.count("\n") == 1
 
 
 def test_q4_1_weights_are_dequantized_close_to_the_original(tmp_path):
@@ -659,6 +710,14 @@ def test_cli_streams_and_reports(tiny_path, capsys):
     out, err = capsys.readouterr()
     assert out.startswith("the air")
     assert "prefill" in err and "decode" in err and "tokens/s" in err and "attention" in err
+    # loading is reported on stderr only (not a terminal here: a line per step), stdout
+    # holds the text alone
+    lines = err.splitlines()
+    assert lines[:3] == [f"loading {tiny_path.name}: metadata and vocabulary",
+                         f"loading {tiny_path.name}: weights (20 tensors)",
+                         f"loading {tiny_path.name}: tokenizer"]
+    assert lines[3].startswith(f"loaded {tiny_path.name} in ")
+    assert "loading" not in out and "\r" not in out + err
 
 
 def test_cli_attention_png(tiny_path, tmp_path, capsys):
