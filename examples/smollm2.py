@@ -1160,11 +1160,12 @@ def sample(logits, temperature, top_p, rng):
 #: each, and OpenBLAS's threads meet in every one of them: while other work
 #: keeps a core busy, each product waits for the BLAS thread that is not
 #: scheduled. On two cores (AMD EPYC, OpenBLAS 0.3.31) two BLAS threads
-#: decoded at 2-8 tokens/s and one at 22-41 while other processes used 1-1.4
-#: cores; with the machine otherwise quiet two gave 50 and one 40-41 (on a
-#: quiet two-core Intel Xeon 29 against 17: the README). One thread costs a
-#: fifth to two fifths on a quiet machine and avoids a five- to tenfold loss
-#: on a busy one; ``None`` in :func:`generate` keeps the caller's setting.
+#: decoded at 1-12 tokens/s and one at 20-41 while other processes kept one
+#: to one and a half cores busy; with the machine otherwise quiet two gave
+#: 47-51 and one 38-41 (on a quiet two-core Intel Xeon 29 against 17: the
+#: README). One thread costs a fifth to two fifths on a quiet machine and
+#: avoids a four- to tenfold loss on a busy one; ``None`` in
+#: :func:`generate` keeps the caller's setting.
 DECODE_BLAS_THREADS = 1
 
 
