@@ -37,14 +37,21 @@ Run it::
     python examples/smollm2.py --chat --prompt "Write a haiku" --temperature 0.7 --top-p 0.9
     python examples/smollm2.py --prompt "..." --attention-png /tmp/heads.png
 
-It streams the text as it is generated, then prints the tokens/s of the
-prefill and of the decode and how their time splits between attention,
+Loading the model takes several seconds (parsing the GGUF's metadata, which
+holds the 49152-token vocabulary, then dequantizing 272 tensors); the script
+says on stderr what it is loading while it does (:func:`load_model`'s
+`progress`). It streams the text as it is generated on stdout (the prompt
+and its continuation, nothing else), then prints on stderr the tokens/s of
+the prefill and of the decode and how their time splits between attention,
 matrix products and the rest. ``--threads N`` sets the threads of both
 fastattn (OpenMP) and NumPy's BLAS (through threadpoolctl; the prefill then
-runs its rows in N threads of one BLAS thread each, the decoding steps use
-the N BLAS threads); ``--decode-blas-threads N`` limits the BLAS to
-N threads while decoding (``1`` on a machine whose other cores are busy; see
-:func:`generate`).
+runs its rows in N threads of one BLAS thread each). While decoding, the
+BLAS runs on one thread by default (:data:`DECODE_BLAS_THREADS`: a decoding
+step's many small products are several times slower on two BLAS threads
+when another core is busy, and only a little faster on a quiet machine);
+``--decode-blas-threads N`` gives it N threads instead, and
+``--decode-blas-threads keep`` leaves it as set (the threads of ``--threads``,
+else the BLAS's default; see :func:`generate`).
 
 Threads. The prefill runs its rows in as many Python threads as the BLAS
 has (each with one BLAS thread; see :func:`forward`'s `threads`), the
@@ -223,7 +230,11 @@ def _unpermute(w, n_heads):
     return w.reshape(n_heads, out // n_heads // 2, 2, *rest).swapaxes(1, 2).reshape(w.shape)
 
 
-def load_model(path=None):
+def _no_progress(step, done, total):
+    pass
+
+
+def load_model(path=None, *, progress=None):
     """Read a Llama-architecture GGUF into float32 NumPy weights and a tokenizer.
 
     Parameters
@@ -234,6 +245,17 @@ def load_model(path=None):
         in Q4_1 (4-bit blocks of 32 weights with a float16 scale and minimum;
         ``gguf.quants.dequantize`` turns them into float32, as transformers'
         GGUF loader does).
+    progress : callable, optional
+        Told how loading goes, as ``progress(step, done, total)``, for a
+        progress display (the command line's is on stderr: SmolLM2 takes
+        several seconds to load). `step` is ``"metadata"`` (parsing the
+        file's header: its metadata, which holds the tokenizer's 49152 tokens
+        and their merges, and the index of its tensors), ``"weights"``
+        (dequantizing the tensors to float32; `done` of `total` tensors) or
+        ``"tokenizer"`` (building it from the metadata), in that order. Each
+        step is announced with ``done == 0`` before its work and reported
+        with ``done == total`` after it; ``"metadata"`` and ``"tokenizer"``
+        count one unit.
 
     Returns
     -------
@@ -252,12 +274,15 @@ def load_model(path=None):
     import gguf
 
     path = Path(model_path() if path is None else path)
+    report = _no_progress if progress is None else progress
+    report("metadata", 0, 1)
     try:
         reader = gguf.GGUFReader(path)
     except FileNotFoundError:
         raise
     except Exception as exc:  # the reader raises ValueError, struct/numpy errors on bad bytes
         raise GGUFError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
+    report("metadata", 1, 1)
 
     arch = _field(reader, "general.architecture")
     if arch != "llama":
@@ -293,6 +318,11 @@ def load_model(path=None):
                     rope_base=float(meta("rope.freq_base", 10000.0)),
                     rms_eps=float(meta("attention.layer_norm_rms_epsilon")))
 
+    # token_embd, output_norm, output (when not tied) and nine per layer: every
+    # tensor() call below, counted ahead for the progress report
+    n_tensors = 2 + ("output.weight" in tensors) + 9 * config.n_layers
+    read = [0]
+
     def tensor(name, shape):
         t = tensors.get(name)
         if t is None:
@@ -304,10 +334,13 @@ def load_model(path=None):
                             f"which gguf cannot dequantize ({exc})") from exc
         if w.shape != shape:
             raise GGUFError(f"{path}: tensor {name!r} has shape {w.shape}, expected {shape}")
+        read[0] += 1
+        report("weights", read[0], n_tensors)
         return np.asarray(w, dtype=np.float32)
 
     c = config
     kv = c.n_kv_heads * c.head_dim
+    report("weights", 0, n_tensors)
     weights = {"embed": tensor("token_embd.weight", (c.vocab_size, c.hidden)),
                "norm": tensor("output_norm.weight", (c.hidden,))}
     # A separate output layer when the file has one; SmolLM2 ties it to the embeddings.
@@ -328,7 +361,9 @@ def load_model(path=None):
         weights[f"{i}.attn_norm"] = w("attn_norm", (c.hidden,))
         weights[f"{i}.ffn_norm"] = w("ffn_norm", (c.hidden,))
 
+    report("tokenizer", 0, 1)
     tokenizer = build_tokenizer(reader, path)
+    report("tokenizer", 1, 1)
     if tokenizer.get_vocab_size() > c.vocab_size:
         raise GGUFError(f"{path}: the tokenizer has {tokenizer.get_vocab_size()} tokens, "
                         f"the embeddings {c.vocab_size}")
@@ -1120,9 +1155,23 @@ def sample(logits, temperature, top_p, rng):
     return int(order[rng.choice(len(order), p=sorted_p)])
 
 
+#: Threads of NumPy's BLAS while :func:`generate` decodes, by default. A
+#: decoding step is 121 matrix-vector products of a fraction of a millisecond
+#: each, and OpenBLAS's threads meet in every one of them: while other work
+#: keeps a core busy, each product waits for the BLAS thread that is not
+#: scheduled. On two cores (AMD EPYC, OpenBLAS 0.3.31) two BLAS threads
+#: decoded at 1-12 tokens/s and one at 20-41 while other processes kept one
+#: to one and a half cores busy; with the machine otherwise quiet two gave
+#: 47-51 and one 38-41 (on a quiet two-core Intel Xeon 29 against 17: the
+#: README). One thread costs a fifth to two fifths on a quiet machine and
+#: avoids a four- to tenfold loss on a busy one; ``None`` in
+#: :func:`generate` keeps the caller's setting.
+DECODE_BLAS_THREADS = 1
+
+
 def generate(model, ids, max_new_tokens, *, temperature=0.0, top_p=1.0, seed=None,
              stop_at_eos=True, stream=None, kv_dtype=np.float32, timings=None,
-             on_attention=None, decode_blas_threads=None):
+             on_attention=None, decode_blas_threads=DECODE_BLAS_THREADS):
     """Continue a prompt: prefill it, then decode one token at a time.
 
     Parameters
@@ -1156,19 +1205,21 @@ def generate(model, ids, max_new_tokens, *, temperature=0.0, top_p=1.0, seed=Non
         Filled with the prefill and decode times and their split.
     on_attention : callable, optional
         Passed to :func:`forward`.
-    decode_blas_threads : int or None, default None
-        Threads of NumPy's BLAS while decoding. ``None`` leaves the BLAS
-        as the caller set it (e.g. with ``threadpoolctl.threadpool_limits``)
-        for the prefill and the decoding alike. An int ``n >= 1`` limits it
+    decode_blas_threads : int or None, default :data:`DECODE_BLAS_THREADS` (1)
+        Threads of NumPy's BLAS while decoding. An int ``n >= 1`` limits it
         to `n` threads around the decoding loop (a ``threadpoolctl`` limit,
-        lifted when the loop ends; the prefill keeps the caller's setting).
+        lifted when the loop ends), and around the prefill of a prompt of
+        fewer than 32 tokens, which :func:`forward` runs in the calling
+        thread (a longer one runs its rows in threads of one BLAS thread
+        each). ``None`` leaves the BLAS as the caller set it (e.g. with
+        ``threadpoolctl.threadpool_limits``) for both.
         A decoding step's matrix products are matrix-vector products (one
         row times a 576-wide weight matrix), limited by how fast the weights
         stream from memory; on a quiet machine OpenBLAS's threads share that
-        work and speed it up, but on one whose other cores are busy each
-        product waits for a thread that is not scheduled, and ``1`` is then
-        much faster.
-        fastattn's own threads are not affected.
+        work and speed it up somewhat, but on one whose other cores are busy
+        each of the step's 121 products waits for a thread that is not
+        scheduled, and one thread is then several times faster (see
+        :data:`DECODE_BLAS_THREADS`). fastattn's own threads are not affected.
 
     Returns
     -------
@@ -1219,15 +1270,23 @@ def generate(model, ids, max_new_tokens, *, temperature=0.0, top_p=1.0, seed=Non
     cache = KVCache(c, total, dtype=kv_dtype_of(kv_dtype))
     timer = Timings() if timings is None else timings
 
+
+    def blas_limit():
+        return (nullcontext() if decode_blas_threads is None
+                else _blas_controller().limit(limits=int(decode_blas_threads)))
+
     timer.phase = "prefill"
     t0 = _clock()
-    logits = forward(model, prompt, cache, timings=timer, on_attention=on_attention)
+    # forward() runs a prompt too short to split over threads by rows in this
+    # thread on the BLAS as set: a few-row product per weight matrix, which
+    # contended BLAS threads slow down as they do a decoding step's
+    with blas_limit() if len(prompt) < 2 * _MIN_ROWS_PER_THREAD else nullcontext():
+        logits = forward(model, prompt, cache, timings=timer, on_attention=on_attention)
     token = sample(logits[-1], temperature, top_p, rng)
     timer.add("total", _clock() - t0)
     timer.add("tokens", len(prompt))
     timer.phase = "decode"
-    with (nullcontext() if decode_blas_threads is None
-          else threadpool_limits(int(decode_blas_threads), user_api="blas")):
+    with blas_limit():
         while True:
             out.append(token)
             if stream is not None:
@@ -1343,6 +1402,103 @@ class _Streamer:
         self.shown = len(text)
 
 
+class _LoadProgress:
+    """Say on stderr what :func:`load_model` is doing, so that its seconds do not look like a hang.
+
+    Pass the instance as `progress`. On a terminal it keeps one line up to
+    date: the step, the tensors dequantized so far and the seconds since the
+    start, which a background thread advances a few times a second also
+    through the metadata step (one call of the ``gguf`` reader that reports
+    nothing while it runs). Elsewhere (a pipe, a log file) it writes a line
+    as each step starts, so that nothing is rewritten. :meth:`finish` ends
+    with one line: the total and each step's seconds.
+    """
+
+    LABELS = {"metadata": "metadata and vocabulary", "weights": "weights",
+              "tokenizer": "tokenizer"}
+
+    def __init__(self, name, file=None):
+        self.file = sys.stderr if file is None else file
+        isatty = getattr(self.file, "isatty", None)
+        self.live = bool(isatty and isatty())
+        self.name, self.status, self.seconds = name, "starting", {}
+        self.start = self.step_start = self.shown = _clock()
+        self.width = 0  # length of the open terminal line; 0: none open
+        self.lock, self.stopped = threading.Lock(), threading.Event()
+        if self.live:
+            threading.Thread(target=self._tick, name="smollm2-load-progress",
+                             daemon=True).start()
+
+    def __call__(self, step, done, total):
+        now, label = _clock(), self.LABELS.get(step, step)
+        with self.lock:
+            if done == 0:
+                self.step_start = now
+                if not self.live:
+                    count = f" ({total} tensors)" if step == "weights" else ""
+                    self._write(f"loading {self.name}: {label}{count}\n")
+            if done >= total:
+                self.seconds[label] = now - self.step_start
+            self.status = label + (f" {done}/{total} tensors" if step == "weights" else "")
+            # at most ten lines a second: not one write per tensor
+            if self.live and (done == 0 or done >= total or now - self.shown >= 0.1):
+                self._show(now)
+
+    def finish(self):
+        """The closing line: how long loading took, step by step."""
+        self.stopped.set()
+        with self.lock:
+            steps = ", ".join(f"{label} {s:.1f} s" for label, s in self.seconds.items())
+            self._line(f"loaded {self.name} in {_clock() - self.start:.1f} s ({steps})")
+            self._end_line()
+
+    def close(self):
+        """Stop, ending the terminal line if one is open (before an error message, say)."""
+        self.stopped.set()
+        with self.lock:
+            self._end_line()
+
+    def _tick(self):
+        while not self.stopped.wait(0.25):
+            with self.lock:
+                if self.stopped.is_set():
+                    return
+                self._show(_clock())
+
+    def _show(self, now):
+        self.shown = now
+        self._line(f"loading {self.name}: {self.status} ({now - self.start:.1f} s)")
+
+    def _line(self, text):
+        if self.live:  # rewrite the line in place; spaces blank the rest of a longer one
+            self._write("\r" + text.ljust(self.width))
+            self.width = len(text)
+        else:
+            self._write(text + "\n")
+
+    def _end_line(self):
+        if self.width:
+            self._write("\n")
+            self.width = 0
+
+    def _write(self, text):
+        self.file.write(text)
+        self.file.flush()
+
+
+def _decode_blas_threads_arg(text):
+    """``--decode-blas-threads``: an int >= 1, or ``keep`` (also ``0``) for None."""
+    if text.strip().lower() in ("keep", "0"):
+        return None
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1 or 'keep', got {text!r}")
+    return n
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         description="SmolLM2-135M-Instruct in NumPy with fastattn's attention: stream a "
@@ -1359,10 +1515,14 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=None, help="sampling seed")
     parser.add_argument("--threads", type=int, default=None,
                         help="threads of fastattn and of NumPy's BLAS (default: theirs)")
-    parser.add_argument("--decode-blas-threads", type=int, default=0,
-                        help="limit NumPy's BLAS to this many threads while decoding (default "
-                             "0: no limit, the threads of --threads; 1 helps on a machine "
-                             "whose other cores are busy; see generate's decode_blas_threads)")
+    parser.add_argument("--decode-blas-threads", type=_decode_blas_threads_arg,
+                        default=DECODE_BLAS_THREADS, metavar="{N,keep}",
+                        help="threads of NumPy's BLAS while decoding (and prefilling a "
+                             "prompt of under 32 tokens): N limits it to N "
+                             "(default: %(default)s, the fastest on a machine whose other "
+                             "cores are busy and close to it on a quiet one); 'keep' (or 0) "
+                             "leaves it as set, the threads of --threads or else the BLAS's "
+                             "own default (see generate's decode_blas_threads)")
     parser.add_argument("--kv-dtype", choices=("float32", "float16", "bfloat16"),
                         default="float32",
                         help="element type of the KV cache (default: %(default)s; bfloat16 "
@@ -1381,14 +1541,20 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.max_new_tokens < 0:
         parser.error("--max-new-tokens must be >= 0")
-    if args.decode_blas_threads < 0:
-        parser.error("--decode-blas-threads must be >= 0")
 
+    progress = None
     try:
-        model = load_model(args.model)
-    except (ModuleNotFoundError, GGUFError) as exc:
+        path = model_path() if args.model is None else Path(args.model)
+        progress = _LoadProgress(path.name)
+        model = load_model(path, progress=progress)
+    except BaseException as exc:  # Ctrl-C and tracebacks too start on a line of their own
+        if progress is not None:
+            progress.close()
+        if not isinstance(exc, (ModuleNotFoundError, GGUFError)):
+            raise
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    progress.finish()
     c = model.config
     layer = c.n_layers // 2 if args.layer is None else args.layer
     heads = sorted({0, c.n_heads // 3, 2 * c.n_heads // 3}) if args.heads is None else args.heads
@@ -1411,14 +1577,17 @@ def main(argv=None):
             out = generate(model, ids, args.max_new_tokens, temperature=args.temperature,
                            top_p=args.top_p, seed=args.seed, stream=_Streamer(model),
                            kv_dtype=args.kv_dtype, timings=timings, on_attention=recorder,
-                           decode_blas_threads=args.decode_blas_threads or None)
+                           decode_blas_threads=args.decode_blas_threads)
         except ValueError as exc:
             print(f"\nerror: {exc}", file=sys.stderr)
             return 2
     print("\n")
     print(timings.report(), file=sys.stderr)
+    decode_blas = ("as set" if args.decode_blas_threads is None
+                   else args.decode_blas_threads)
     print(f"(fastattn threads {fastattn.get_num_threads()}, simd "
-          f"{fastattn.show_config(print_=False)['simd']})", file=sys.stderr)
+          f"{fastattn.show_config(print_=False)['simd']}; BLAS threads while decoding "
+          f"{decode_blas})", file=sys.stderr)
     if recorder is not None and recorder.rows:
         plot_attention(model, out, recorder, args.attention_png)
         print(f"wrote {args.attention_png}", file=sys.stderr)

@@ -12,9 +12,11 @@ against one recorded from Hugging Face transformers
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -179,6 +181,55 @@ def test_loader_reads_config_and_weights(tmp_path):
         for i in range(4):
             np.testing.assert_array_equal(q[h * 8 + i], q_gguf[h * 8 + 2 * i])
             np.testing.assert_array_equal(q[h * 8 + 4 + i], q_gguf[h * 8 + 2 * i + 1])
+
+
+def test_loader_reports_progress(tiny_path):
+    calls = []
+    smollm2.load_model(tiny_path, progress=lambda *a: calls.append(a))
+    n = 2 + 9 * TINY["n_layers"]  # embeddings, final norm, nine per layer (output tied)
+    assert calls == [("metadata", 0, 1), ("metadata", 1, 1),
+                     *[("weights", i, n) for i in range(n + 1)],
+                     ("tokenizer", 0, 1), ("tokenizer", 1, 1)]
+
+
+class _Terminal:
+    """A stand-in for stderr on a terminal: keeps what is written."""
+
+    def __init__(self):
+        self.text = ""
+
+    def isatty(self):
+        return True
+
+    def write(self, text):
+        self.text += text
+
+    def flush(self):
+        pass
+
+
+def test_load_progress_on_a_terminal_rewrites_one_line(tiny_path):
+    term = _Terminal()
+    progress = smollm2._LoadProgress("tiny.gguf", file=term)
+    smollm2.load_model(tiny_path, progress=progress)
+    progress.finish()
+    done = term.text
+    lines = done.split("\n")
+    assert len(lines) == 2 and lines[1] == ""  # one line, rewritten with carriage returns
+    shown = [part.rstrip() for part in lines[0].split("\r")[1:]]
+    assert shown[0].startswith("loading tiny.gguf: metadata and vocabulary (")
+    assert any("weights 20/20 tensors" in part for part in shown)
+    assert re.fullmatch(r"loaded tiny\.gguf in [\d.]+ s \(metadata and vocabulary [\d.]+ s, "
+                        r"weights [\d.]+ s, tokenizer [\d.]+ s\)", shown[-1])
+    time.sleep(0.6)  # the thread that advances the seconds has stopped
+    assert term.text == done
+    # an error during loading: close() ends the open line for the message after it
+    term = _Terminal()
+    progress = smollm2._LoadProgress("bad.gguf", file=term)
+    progress("metadata", 0, 1)
+    progress.close()
+    assert term.text.startswith("\rloading bad.gguf: metadata and vocabulary (")
+    assert term.text.endswith("\n") and term.text.count("\n") == 1
 
 
 def test_q4_1_weights_are_dequantized_close_to_the_original(tmp_path):
@@ -465,17 +516,40 @@ def test_decoding_runs_blas_on_the_threads_asked_for_and_restores_them(tiny):
     with threadpool_limits(2, user_api="blas"):
         before = _blas_threads()
         seen = []
-        # the default leaves the BLAS as the caller set it, while decoding too
-        out = smollm2.generate(tiny, prompt, 6, stop_at_eos=False,
+        # None leaves the BLAS as the caller set it, while decoding too
+        out = smollm2.generate(tiny, prompt, 6, stop_at_eos=False, decode_blas_threads=None,
                                stream=lambda t: seen.append(_blas_threads()))
         assert len(seen) == 6 and all(s == before for s in seen)
-        seen.clear()
-        pinned = smollm2.generate(tiny, prompt, 6, stop_at_eos=False, decode_blas_threads=1,
-                                  stream=lambda t: seen.append(_blas_threads()))
-        assert len(seen) == 6 and all(s == [1] * len(before) for s in seen)
-        assert _blas_threads() == before
-    # the thread count changes how fast, not what
-    assert pinned == out
+        for asked, expected in ((3, 3), ("default", smollm2.DECODE_BLAS_THREADS)):
+            seen.clear()
+            kwargs = {} if asked == "default" else {"decode_blas_threads": asked}
+            limited = smollm2.generate(tiny, prompt, 6, stop_at_eos=False, **kwargs,
+                                       stream=lambda t: seen.append(_blas_threads()))
+            assert len(seen) == 6 and all(s == [expected] * len(before) for s in seen)
+            assert _blas_threads() == before
+            # the thread count changes how fast, not what
+            assert limited == out
+    assert smollm2.DECODE_BLAS_THREADS == 1
+
+
+def test_short_prompts_prefill_under_the_decoding_limit(tiny):
+    """A prompt that forward() runs in the calling thread gets the decoding's BLAS limit."""
+    if not _blas_threads():
+        pytest.skip("threadpoolctl sees no BLAS library in this process")
+    with threadpool_limits(2, user_api="blas"):
+        before = _blas_threads()
+        for n, asked, expected in ((4, "default", 1), (31, 3, 3), (4, None, 2),
+                                   (32, None, 1), (32, 3, 1)):  # 32: rows in threads
+            seen = []
+
+            def record(layer, q, k):
+                if q.shape[1] > 1:  # the prefill's passes
+                    seen.append(_blas_threads())
+
+            kwargs = {} if asked == "default" else {"decode_blas_threads": asked}
+            smollm2.generate(tiny, [5] * n, 2, stop_at_eos=False, on_attention=record, **kwargs)
+            assert seen == [[expected] * len(before)] * tiny.config.n_layers, (n, asked)
+            assert _blas_threads() == before
 
 
 def test_prefill_rows_in_threads_equal_one_thread(tiny):
@@ -554,8 +628,10 @@ def test_row_blocks_wait_for_each_other_and_raise_the_first_error():
     assert smollm2._each_range(pool, smollm2._row_ranges(12, 3), lambda a, b: b - a) == 12
 
 
-@pytest.mark.parametrize("flag, expected", [([], None), (["--decode-blas-threads", "0"], None),
-                                            (["--decode-blas-threads", "1"], 1)])
+@pytest.mark.parametrize("flag, expected", [([], 1), (["--decode-blas-threads", "keep"], None),
+                                            (["--decode-blas-threads", "0"], None),
+                                            (["--decode-blas-threads", "1"], 1),
+                                            (["--decode-blas-threads", "3"], 3)])
 def test_cli_decode_blas_threads(tiny_path, monkeypatch, capsys, flag, expected):
     seen = {}
     real = smollm2.generate
@@ -568,8 +644,11 @@ def test_cli_decode_blas_threads(tiny_path, monkeypatch, capsys, flag, expected)
     assert smollm2.main(["--model", str(tiny_path), "--prompt", "the air",
                          "--max-new-tokens", "2", *flag]) == 0
     assert seen == {"decode_blas_threads": expected}
-    with pytest.raises(SystemExit):
-        smollm2.main(["--model", str(tiny_path), "--decode-blas-threads", "-1"])
+    err = capsys.readouterr().err
+    assert f"BLAS threads while decoding {'as set' if expected is None else expected}" in err
+    for bad in ("-1", "1.5", "all"):
+        with pytest.raises(SystemExit):
+            smollm2.main(["--model", str(tiny_path), "--decode-blas-threads", bad])
 
 
 def test_prompt_beyond_the_context_is_an_error(tiny):
@@ -631,6 +710,14 @@ def test_cli_streams_and_reports(tiny_path, capsys):
     out, err = capsys.readouterr()
     assert out.startswith("the air")
     assert "prefill" in err and "decode" in err and "tokens/s" in err and "attention" in err
+    # loading is reported on stderr only (not a terminal here: a line per step), stdout
+    # holds the text alone
+    lines = err.splitlines()
+    assert lines[:3] == [f"loading {tiny_path.name}: metadata and vocabulary",
+                         f"loading {tiny_path.name}: weights (20 tensors)",
+                         f"loading {tiny_path.name}: tokenizer"]
+    assert lines[3].startswith(f"loaded {tiny_path.name} in ")
+    assert "loading" not in out and "\r" not in out + err
 
 
 def test_cli_attention_png(tiny_path, tmp_path, capsys):
