@@ -215,7 +215,7 @@ INSTALL = dict.fromkeys(["hypothesis", "scipy", "dask", "distributed", "ml_dtype
                         README_TEST_INSTALL)
 INSTALL.update({"torch": "pip install torch==2.13.0",  # the CPU build, as the README says
                 "onnxruntime": 'pip install ".[bench]"', "onnx": 'pip install ".[bench]"',
-                "jax": "pip install jax"})
+                "jax": "pip install jax", "setuptools": 'pip install "setuptools>=77"'})
 
 # The reasons pytest.importorskip gives, by default and as the tests word them.
 _MISSING = re.compile(r"could not import '([\w.]+)'|^([\w.]+) is not installed")
