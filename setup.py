@@ -392,4 +392,8 @@ extensions = [
 ]
 
 if __name__ == "__main__":  # (tests import this file for openmp_build_flags)
+    # Cython is a build requirement: without it setuptools would quietly
+    # compile whatever _core.c an earlier build left, however old.
+    import Cython  # noqa: F401
+
     setup(ext_modules=extensions, cmdclass={"build_ext": BuildExt})
