@@ -850,8 +850,9 @@ static int plan_run(const fa_plan *pl, float *out, float *lse, float *weights, i
 {
     const fa_kernel_table *kern = fa_active_kernels();
     const int64_t nrmax = pl->nrmax, Dvp = pl->Dvp;
+    const double start = nt > 1 ? fa_now() : 0.0;
+    double last = start; /* when the last thread arrived (the thread policy's record) */
     int status = FA_OK;
-    (void)nt;
     if (pl->nitems == 0)
         return FA_OK;
 #ifdef _OPENMP
@@ -860,7 +861,16 @@ static int plan_run(const fa_plan *pl, float *out, float *lse, float *weights, i
     {
         fa_scratch w;
         int64_t t, n, c, r;
-        int ok = scratch_alloc(&w, pl->pr[0].a->D, pl->pr[0].a->Dv, pl->bq) == FA_OK;
+        int ok;
+        if (nt > 1) {
+            const double now = fa_now();
+#ifdef _OPENMP
+#pragma omp critical(fastattn_arrival)
+#endif
+            if (now > last)
+                last = now;
+        }
+        ok = scratch_alloc(&w, pl->pr[0].a->D, pl->pr[0].a->Dv, pl->bq) == FA_OK;
         if (!ok) {
 #ifdef _OPENMP
 #pragma omp critical(fastattn_status)
@@ -922,6 +932,8 @@ static int plan_run(const fa_plan *pl, float *out, float *lse, float *weights, i
         if (ok)
             scratch_free(&w);
     }
+    if (nt > 1)
+        fa_note_wait(last - start);
     return status;
 }
 

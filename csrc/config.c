@@ -1,6 +1,7 @@
 /*
  * config.c -- build and runtime facts reported by fastattn.show_config(),
- * and the cache size the work units are planned for.
+ * the cache size the work units are planned for, and the thread policy
+ * (fa_threads_for, see fa_internal.h).
  */
 #include "fastattn.h"
 #include "fa_internal.h"
@@ -51,4 +52,67 @@ int64_t fa_l2_cache_bytes(void)
         return (int64_t)n;
 #endif
     return (int64_t)1 << 20;
+}
+
+/* When the machine stops counting as loaded, in microseconds of fa_now();
+ * read and written by any thread (a record, not a lock: each writes a value
+ * any of them could). */
+static int64_t fa_busy_until_us = 0;
+
+static int64_t busy_get(void)
+{
+#if defined(__GNUC__) || defined(__clang__)
+    return __atomic_load_n(&fa_busy_until_us, __ATOMIC_RELAXED);
+#else
+    return *(volatile int64_t *)&fa_busy_until_us;
+#endif
+}
+
+static void busy_set(int64_t v)
+{
+#if defined(__GNUC__) || defined(__clang__)
+    __atomic_store_n(&fa_busy_until_us, v, __ATOMIC_RELAXED);
+#else
+    *(volatile int64_t *)&fa_busy_until_us = v;
+#endif
+}
+
+double fa_now(void)
+{
+#ifdef _OPENMP
+    return omp_get_wtime();
+#else
+    return 0.0;
+#endif
+}
+
+void fa_set_busy(double seconds)
+{
+    busy_set(seconds > 0.0 ? (int64_t)((fa_now() + seconds) * 1e6) : 0);
+}
+
+void fa_note_wait(double wait)
+{
+    if (wait >= FA_LATE_S)
+        fa_set_busy(FA_BUSY_S);
+}
+
+int fa_busy(void)
+{
+    const int64_t until = busy_get();
+    return until != 0 && (int64_t)(fa_now() * 1e6) < until;
+}
+
+int fa_threads_for(int nthreads, double work, int64_t nitems)
+{
+    int nt = nthreads < 1 ? 1 : nthreads;
+    if (work < 2.0 * FA_MIN_WORK_PER_THREAD)
+        return 1;
+    if ((double)nt > work / FA_MIN_WORK_PER_THREAD)
+        nt = (int)(work / FA_MIN_WORK_PER_THREAD);
+    if ((int64_t)nt > nitems)
+        nt = (int)nitems;
+    if (nt > 1 && work < FA_BUSY_WORK && fa_busy())
+        nt = 1;
+    return nt < 1 ? 1 : nt;
 }

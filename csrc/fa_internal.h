@@ -439,18 +439,28 @@ static inline FA_TARGET float fa_tanhf(float x)
     return copysignf(ax < FA_TANH_SMALL ? p : big, x);
 }
 
-/* Threads actually used for `work` units (e.g. multiply-adds), given a cap. */
-static inline int fa_threads_for(int nthreads, double work, int64_t nitems)
-{
-    const double min_work_per_thread = 1048576.0; /* ~50 us: below it a thread costs more than it gives */
-    int nt = nthreads < 1 ? 1 : nthreads;
-    if (work < 2.0 * min_work_per_thread)
-        return 1;
-    if ((double)nt > work / min_work_per_thread)
-        nt = (int)(work / min_work_per_thread);
-    if ((int64_t)nt > nitems)
-        nt = (int)nitems;
-    return nt < 1 ? 1 : nt;
-}
+/*
+ * The thread policy (config.c). fa_threads_for: the threads a call of `work`
+ * units (multiply-adds, or 8 a row element for the row-wise ops) may use,
+ * given a cap and its number of work items: one thread below 2 x
+ * FA_MIN_WORK_PER_THREAD, and at most one thread a FA_MIN_WORK_PER_THREAD
+ * (on an idle 2-core AMD EPYC a call of 2.1 M units, 69 us on one thread,
+ * took 37 us on two). While the machine is loaded (fa_note_wait saw a call's
+ * thread arrive FA_LATE_S or more after the call began, within the last
+ * FA_BUSY_S), a call below FA_BUSY_WORK units runs on one thread: a thread
+ * that is not scheduled holds up the whole call by a scheduler time slice
+ * (with three busy processes on two cores, a 0.24 ms call averaged 1.3-1.6
+ * ms on two threads, 0.48 ms on one). The thread count never changes a bit
+ * of a result.
+ */
+#define FA_MIN_WORK_PER_THREAD 1048576.0
+#define FA_BUSY_WORK 268435456.0 /* ~8 ms on one thread of that EPYC */
+#define FA_LATE_S 0.001
+#define FA_BUSY_S 0.5
+/* (fa_threads_for, fa_busy and fa_set_busy are in fastattn.h, for the tests.) */
+/* Seconds on a monotonic clock (0 in a build without OpenMP: no threads to time). */
+double fa_now(void);
+/* A threaded call's last thread arrived `wait` seconds after the call began. */
+void fa_note_wait(double wait);
 
 #endif /* FA_INTERNAL_H */

@@ -185,6 +185,14 @@ const char *fa_simd_available(void);
  * for the benchmarks, not a kernel. */
 double fa_fma_peak_gflops(int lanes, int nthreads, long iters);
 
+/* The thread policy (its rule: fa_internal.h): the threads a call of `work`
+ * units and `nitems` work items gets now under the cap `nthreads`; 1 while
+ * the machine counts as loaded (a call's thread arrived late lately); and,
+ * for the tests, counting it as loaded for `seconds` from now (0: not). */
+int fa_threads_for(int nthreads, double work, int64_t nitems);
+int fa_busy(void);
+void fa_set_busy(double seconds);
+
 /* Build and runtime facts for show_config(). */
 int fa_built_with_openmp(void);
 int fa_omp_max_threads(void);

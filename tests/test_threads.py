@@ -320,3 +320,45 @@ def test_decode_split_over_key_chunks_gives_the_same_bits(rng, threads, case):
         assert np.isnan(results[0][0]).all() and (results[0][1] == np.inf).all()
     else:
         assert np.isfinite(results[0][0]).all() and np.isfinite(results[0][1]).all()
+
+
+# ------------------------------------------------------------- the thread policy
+
+MIN_WORK = 1048576.0  # csrc/fa_internal.h: FA_MIN_WORK_PER_THREAD
+BUSY_WORK = 268435456.0  # FA_BUSY_WORK
+
+
+@pytest.fixture
+def idle_policy():
+    """The thread policy with the machine counted as idle, before and after."""
+    _core.set_machine_busy(0)
+    yield
+    _core.set_machine_busy(0)
+
+
+def test_threads_follow_the_work(idle_policy):
+    # (only a threaded call of this process can count the machine as loaded)
+    assert _core.threads_for(8, 2 * MIN_WORK - 1, 100) == 1
+    assert _core.threads_for(8, 2 * MIN_WORK, 100) == 2
+    assert _core.threads_for(8, 5.5 * MIN_WORK, 100) == 5
+    assert _core.threads_for(8, 100 * MIN_WORK, 100) == 8
+    assert _core.threads_for(8, 100 * MIN_WORK, 3) == 3    # no more than the work items
+    assert _core.threads_for(1, 100 * MIN_WORK, 100) == 1  # no more than the cap
+
+
+def test_a_loaded_machine_runs_small_calls_on_one_thread(idle_policy):
+    _core.set_machine_busy(60)
+    assert _core.machine_busy()
+    assert _core.threads_for(2, 16 * MIN_WORK, 100) == 1
+    assert _core.threads_for(2, BUSY_WORK - 1, 100) == 1
+    assert _core.threads_for(2, BUSY_WORK, 100) == 2  # a call long enough to gain anyway
+    _core.set_machine_busy(0)
+    assert not _core.machine_busy()
+
+
+def test_a_loaded_machine_gives_the_same_bits(rng, threads, idle_policy):
+    q, k, v = qkv(rng, (4, 128, 64), (4, 128, 64), (4, 128, 64))
+    threads(2)
+    want = fastattn.scaled_dot_product_attention(q, k, v, is_causal=True)
+    _core.set_machine_busy(60)
+    assert_same_bits(fastattn.scaled_dot_product_attention(q, k, v, is_causal=True), want)

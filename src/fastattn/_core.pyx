@@ -745,6 +745,24 @@ def omp_max_threads():
     return fa_omp_max_threads()
 
 
+def threads_for(int nthreads, double work, int64_t nitems):
+    """The threads the thread policy gives a call of `work` units (multiply-adds)
+    and `nitems` work items under the cap `nthreads`, now (csrc/fa_internal.h)."""
+    return fa_threads_for(nthreads, work, nitems)
+
+
+def machine_busy():
+    """True while the thread policy counts the machine as loaded: a threaded
+    call's thread arrived late within the last half second."""
+    return bool(fa_busy())
+
+
+def set_machine_busy(double seconds):
+    """Count the machine as loaded for `seconds` from now (0: not), as a late
+    thread would (for the tests)."""
+    fa_set_busy(seconds)
+
+
 def l2_cache_bytes():
     """A core's level-2 cache in bytes as the work units are planned for it
     (sysconf; 1 MiB where it does not say)."""
