@@ -157,8 +157,11 @@ def get_num_threads() -> int:
 
 _ROWWISE_RAISES = """
     TypeError
-        If `x` is not of a real floating dtype, `axis` is not an int, `keepdims`
-        (logsumexp) is not a bool, or `out` is not a float32 ndarray.
+        If `x` is not of a real floating dtype or is a ``numpy.ma.MaskedArray``
+        (its mask would be ignored), `axis` is not an int, `keepdims`
+        (logsumexp) is not a bool, `out` is not a float32 ndarray, or a
+        keyword is unknown (PyTorch's ``dim=`` gets a message that says
+        ``axis=``).
     numpy.exceptions.AxisError
         If `axis` is out of range or `x` is 0-d.
     ValueError
@@ -717,19 +720,27 @@ def scaled_dot_product_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike,
         If an input is not of a real floating dtype (a mask: bool or real
         floating), `scale` or `softcap` is not a real number, `alibi_slopes`
         or `sinks` are not real floats, `segment_ids` are not integers,
-        `is_causal`, `enable_gqa` are not bools, or `out` is not a float32
-        ndarray.
+        `is_causal`, `enable_gqa` are not bools, an argument is a
+        ``numpy.ma.MaskedArray`` (its mask would be ignored: pass
+        ``numpy.ma.filled(x, value)`` or an `attn_mask`), `out` is not a
+        float32 ndarray, or a keyword is unknown (another library's name for
+        an argument, such as ``dropout_p``, ``causal`` or ``attention_mask``,
+        gets a message saying what to pass instead).
     ValueError
         If an input has fewer than 2 dimensions, D < 1, q's and k's D differ,
-        k's and v's S differ, leading dims or the mask do not broadcast, heads
-        do not divide under `enable_gqa`, `scale` is not finite, `softcap` is
-        not a finite float > 0, `alibi_slopes` or `sinks` do not broadcast to
-        ``q.shape[:-2]``, `alibi_slopes` are not finite, `segment_ids` do not
-        broadcast to (..., L) and (..., S) (or are one array while
-        ``L != S``), `window` is not a pair of ints >= 0 or None, or `out` has
-        the wrong shape or layout, is read-only or overlaps an input.
+        k's and v's S differ, leading dims or the mask do not broadcast (a
+        broadcast view's shape as given), heads do not divide under
+        `enable_gqa`, `scale` is not finite, `softcap` is not a finite float >
+        0, `alibi_slopes` or `sinks` do not broadcast to ``q.shape[:-2]``,
+        `alibi_slopes` are not finite, `segment_ids` do not broadcast to
+        (..., L) and (..., S) (or are one array while ``L != S``), `window` is
+        not a pair of ints >= 0 or None, the result would not fit in this
+        platform's address space (named with its shape), or `out` has the
+        wrong shape or layout, is read-only or overlaps an argument (as the
+        caller gave it, or as converted).
     MemoryError
-        If the kernel's working memory (O(threads x tile)) cannot be allocated.
+        If the result or the kernel's working memory (O(threads x tile))
+        cannot be allocated.
 
     Notes
     -----{rules}
@@ -1050,14 +1061,16 @@ def varlen_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: Arr
     TypeError
         If q, k or v are not real floating arrays, `cu_seqlens_q` or
         `cu_seqlens_k` are not integer arrays, `alibi_slopes` or `sinks` are
-        not real floats, a flag is not a bool, or `out` is not a float32
-        ndarray.
+        not real floats, a flag is not a bool, an argument is a
+        ``numpy.ma.MaskedArray``, or `out` is not a float32 ndarray (or a
+        keyword is unknown, as in :func:`scaled_dot_product_attention`).
     ValueError
         If q, k or v are not 3-d, D < 1 or differs, k and v disagree, ``Hq %
         Hkv != 0``, a `cu_seqlens` is not 1-d or is empty, holds an offset
         outside [0, 2**64), does not start at 0, decreases, does not end at
         the total, or the two differ in length, or another
-        argument is out of range as in :func:`scaled_dot_product_attention`.
+        argument is out of range as in :func:`scaled_dot_product_attention`
+        (`out` may overlap no argument, `cu_seqlens` as given included).
 
     Notes
     -----
@@ -1175,14 +1188,15 @@ def merge_attention(outs: ArrayLike, lses: ArrayLike, *,
     ------
     TypeError
         If `outs` or `lses` is neither a list or tuple nor an array (a
-        generator, None), a partial is not of a real floating dtype, or `out`
-        is not a float32 ndarray.
+        generator, None), a partial is not of a real floating dtype or is a
+        ``numpy.ma.MaskedArray``, or `out` is not a float32 ndarray.
     ValueError
         If outs and lses hold different numbers of partials, there is no
         partial (an empty sequence), the partial outputs do not all have the
         same shape (..., L, Dv) with at least 2 dimensions, a partial lse's
         shape is not (..., L), or `out` has the wrong shape or layout, is
-        read-only or overlaps a partial.
+        read-only or overlaps a partial (as given, e.g. a float64 partial
+        that is read through its float32 copy, or as converted).
 
     Notes
     -----
