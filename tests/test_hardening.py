@@ -635,3 +635,136 @@ def test_torch_tensor_kv_cache_is_appended_in_place(rng):
     flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=np.array([2, 5], np.int32))
     assert_same_bits(kc.numpy()[1, 5], k[1, 0])
     assert_same_bits(vc.numpy()[0, 2], v[0, 0])
+
+
+# --------------------------------------------------------------------------
+# Found by a second round of attacks on the fixes above
+
+
+def test_append_that_overflows_the_cache_dtype_under_raise_leaves_it_untouched(rng):
+    kc = np.zeros((1, 8, 1, 4), np.float16)
+    vc = np.zeros((1, 8, 1, 4), np.float16)
+    q = randn(rng, 1, 1, 1, 4)
+    big = np.full((1, 1, 1, 4), 1e10, np.float32)
+    for k, v in ((q, big), (big, q)):
+        with np.errstate(over="raise"), pytest.raises(FloatingPointError):
+            flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=[3])
+        assert not kc.any() and not vc.any()
+
+
+def test_append_into_a_cache_whose_positions_share_memory_is_refused(rng):
+    row = np.zeros((1, 8, 1, 4), np.float32)
+    for kc in (np.lib.stride_tricks.as_strided(row, (2, 8, 1, 4), (0, 16, 16, 4)),
+               np.lib.stride_tricks.as_strided(row, (2, 8, 1, 4), (16, 16, 16, 4))):
+        q = randn(rng, 2, 1, 1, 4)
+        with pytest.raises(ValueError, match="k_cache's positions share memory"):
+            flash_attn_with_kvcache(q, kc, randn(rng, 2, 8, 1, 4), q, q, cache_seqlens=[3, 3])
+        assert not row.any()
+        flash_attn_with_kvcache(q, kc, kc, cache_seqlens=[3, 3])  # reading it is fine
+    # transposed and padded layouts do not overlap
+    fine = np.zeros((8, 2, 1, 6), np.float32)[..., :4].transpose(1, 0, 2, 3)
+    q = randn(rng, 2, 1, 1, 4)
+    flash_attn_with_kvcache(q, fine, fine.copy(), q, q, cache_seqlens=[3, 3])
+    assert_same_bits(fine[:, 3], q[:, 0])
+
+
+def test_out_overlapping_a_buffer_protocol_or_array_like_argument(rng):
+    q = randn(rng, 4, 1, 2)
+    buf = bytearray(64)
+    cu = memoryview(buf).cast("q")[:2]  # (the buffer protocol: int64 offsets)
+    cu[1] = 4
+    with pytest.raises(ValueError, match="share memory with cu_seqlens_q"):
+        fastattn.varlen_attention(q, q, q, cu, [0, 4], out=np.frombuffer(buf, np.float32)[:8]
+                                  .reshape(4, 1, 2))
+    assert cu.tolist() == [0, 4]
+
+    class Frame:  # only __array__, as pandas and xarray objects have
+        def __init__(self, a):
+            self.a = a
+
+        def __array__(self, dtype=None, copy=None):
+            return self.a
+
+    k64 = np.zeros((3, 2, 4))
+    with pytest.raises(ValueError, match="share memory with k"):
+        fastattn.scaled_dot_product_attention(
+            randn(rng, 3, 2, 4), Frame(k64), randn(rng, 3, 2, 4),
+            out=k64.reshape(-1).view(np.float32)[:24].reshape(3, 2, 4))
+    assert not k64.any()
+
+
+def test_rotary_huge_offsets_and_failed_in_place_rotation(rng):
+    from fastattn.flash_attn.layers.rotary import apply_rotary_emb
+
+    x = randn(rng, 1, 2, 1, 4)
+    cos, sin = np.ones((4, 2), np.float32), np.ones((4, 2), np.float32)
+    for offset in (2**63, 2**70, np.uint64(2**64 - 1)):
+        with pytest.raises(ValueError, match="seqlen_offsets must hold"):
+            apply_rotary_emb(x, cos, sin, seqlen_offsets=offset)
+    y = np.full((1, 2, 1, 4), 3e38, np.float32)
+    y0 = y.copy()
+    with np.errstate(over="raise"), pytest.raises(FloatingPointError):
+        apply_rotary_emb(y, cos, sin, inplace=True)
+    assert_same_bits(y, y0)
+
+
+def test_masked_scalars_are_refused(rng):
+    m = np.ma.array(3, mask=True)
+    x = randn(rng, 2, 4)
+    q = randn(rng, 1, 1, 1, 4)
+    kc = np.zeros((1, 8, 1, 4), np.float32)
+    for call in (lambda: flash_attn_with_kvcache(q, kc, kc.copy(), q, q, cache_seqlens=m),
+                 lambda: fastattn.scaled_dot_product_attention(x, x, x, window=(m, 0)),
+                 lambda: fastattn.sliding_window_attention(x, x, x, m),
+                 lambda: fastattn.softmax(x, axis=np.ma.array(0, mask=True))):
+        with pytest.raises((TypeError, ValueError), match="must be an int|axis"):
+            call()
+    assert not kc.any()
+
+
+@pytest.mark.skipif(da is None, reason="needs dask")
+def test_dask_checks_like_the_in_memory_function_everywhere(rng):
+    import warnings
+
+    q = randn(rng, 2, 5, 8)
+    dq = da.from_array(q, chunks=(1, 5, -1))
+    with pytest.raises(TypeError, match="no dropout"):
+        fdask.scaled_dot_product_attention(dq, dq, dq, dropout_p=0.1)
+    for ids in ([2**64] * 5, [2**63, -1, 0, 0, 0]):
+        with pytest.raises(ValueError) as mem:
+            fastattn.scaled_dot_product_attention(q, q, q, segment_ids=ids)
+        with pytest.raises(ValueError) as lazy:
+            fdask.scaled_dot_product_attention(dq, dq, dq, segment_ids=ids)
+        assert str(mem.value) == str(lazy.value)
+    masked = np.ma.masked_array([0.5, 1.0], mask=[False, True])
+    with pytest.raises(TypeError, match="alibi_slopes must be a plain array"):
+        fdask.scaled_dot_product_attention(dq, dq, dq, alibi_slopes=da.from_array(masked))
+    with warnings.catch_warnings():  # a sink beyond float32 is +inf, silently, as in memory
+        warnings.simplefilter("error")
+        got = fdask.scaled_dot_product_attention(dq, dq, dq, sinks=[1e300, 0.5])
+        assert_close(got.compute(scheduler="sync"),
+                     fastattn.scaled_dot_product_attention(q, q, q, sinks=[1e300, 0.5]))
+
+
+def test_hints_point_only_at_arguments_the_function_has(rng):
+    p = randn(rng, 4, 2, 8)
+    x = randn(rng, 1, 4, 2, 8)
+    for call in (lambda: fastattn.varlen_attention(p, p, p, [0, 4], [0, 4], mask=None),
+                 lambda: fastattn.merge_attention(p, p[..., 0], dim=0),
+                 lambda: fastattn.softmax(p, causal=True),
+                 lambda: fastattn.scaled_dot_product_attention(p, p, p, keepdim=True)):
+        with pytest.raises(TypeError, match=r"unexpected keyword argument '\w+'$"):
+            call()
+    with pytest.raises(TypeError, match="causal by definition"):
+        fastattn.causal_attention(p, p, p, is_causal=True)
+    with pytest.raises(TypeError, match="pass causal="):
+        flash_attn_func(x, x, x, is_causal=True)
+    with pytest.raises(TypeError, match=r"pass window_size=\(left, right\)"):
+        flash_attn_with_kvcache(x, x, x, window=(1, 0))
+
+
+def test_results_beyond_memory_are_named_on_the_fast_path():
+    row = np.ones((1, 1, 4), np.float32)
+    q = np.broadcast_to(row, (1, 2**58, 4))
+    with pytest.raises((MemoryError, ValueError), match="the output of shape"):
+        fastattn.scaled_dot_product_attention(q, row, row)

@@ -26,6 +26,7 @@ from fastattn._validate import (
     as_float32,
     attention_inputs,
     check_out,
+    CAUSAL_KEYWORDS,
     check_window_size,
     foreign_keywords,
     merge_inputs,
@@ -828,7 +829,7 @@ def causal_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike,
                      return_lse: bool = ...,
                      out: Optional[Float32Array] = ...) -> AttentionResult: ...
 
-@foreign_keywords
+@foreign_keywords(hints=CAUSAL_KEYWORDS)
 def causal_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike,
                      attn_mask: Optional[ArrayLike] = None, *, window: Window = None,
                      scale: Optional[float] = None, softcap: Optional[float] = None,

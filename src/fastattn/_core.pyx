@@ -602,7 +602,7 @@ def sdpa_plain(q, k, v, mask, is_causal, window, scale, enable_gqa, return_lse,
                     mst[i] = mview[i - (nd - mnd)]
         offs = <int64_t *>PyMem_Malloc(4 * <size_t>nbatch * sizeof(int64_t) + 1)
         if offs == NULL:
-            raise MemoryError("fastattn: could not allocate the batch offsets")
+            return None  # (the general path's allocations then name what does not fit)
         # Item j of the batch (C order over q.shape[:-2]) starts at sum_i index_i *
         # stride_i in each array, as _api._offsets gives; with GQA, k and v's head
         # index is q's divided by the group (no kv head is repeated).
@@ -624,11 +624,14 @@ def sdpa_plain(q, k, v, mask, is_causal, window, scale, enable_gqa, return_lse,
             offs[2 * nbatch + j] = vo
             offs[3 * nbatch + j] = mo
         shape = q.shape[:-1]
-        if out is None:
-            out = _empty(shape + (Dv,), _float32)
-        elif not _takes_out(out, &qb, &kb, &vb, &mb if held >= 4 else NULL, nd, Dv):
+        try:  # (a result that does not fit: the general path names it in its error)
+            if out is None:
+                out = _empty(shape + (Dv,), _float32)
+            elif not _takes_out(out, &qb, &kb, &vb, &mb if held >= 4 else NULL, nd, Dv):
+                return None
+            lse = _empty(shape, _float32) if return_lse is True else None
+        except (MemoryError, ValueError):
             return None
-        lse = _empty(shape, _float32) if return_lse is True else None
         memset(&a, 0, sizeof(a))
         a.nbatch = nbatch
         a.L = L

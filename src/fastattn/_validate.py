@@ -27,41 +27,65 @@ _FLOAT32_MAX = float(np.finfo(np.float32).max)
 F = TypeVar("F", bound=Callable[..., Any])
 
 # Keywords of other libraries' attention and softmax functions that fastattn
-# names otherwise or does not have, with what to pass instead.
-_MASK_HINT = ("fastattn's name is attn_mask, as PyTorch's: a bool mask (True = may attend) or "
-              "a float mask added to the scores")
+# names otherwise or does not have: (the argument it corresponds to, or None,
+# what to pass instead). A hint is given only where the function has that
+# argument (or the keyword names nothing fastattn has at all).
+_MASK = ("attn_mask", "fastattn's name is attn_mask, as PyTorch's: a bool mask (True = may "
+                      "attend) or a float mask added to the scores")
 _FOREIGN_KEYWORDS = {
-    "dropout_p": ("fastattn is for inference and has no dropout: leave dropout_p out "
-                  "(fastattn.flash_attn's functions take dropout_p=0.0, FlashAttention's "
-                  "signature)"),
-    "dim": "NumPy's name for it is axis: pass axis=",
-    "keepdim": "NumPy's name for it is keepdims: pass keepdims=",
-    "causal": "fastattn's name is is_causal, as PyTorch's: pass is_causal=",
-    "softmax_scale": "fastattn's name is scale, as PyTorch's: pass scale=",
-    "window_size": ("fastattn takes window=(left, right), each side an int >= 0 or None for "
-                    "unbounded (FlashAttention's -1); sliding_window_attention(q, k, v, "
-                    "window_size) takes a window size"),
-    "sliding_window": ("pass window=(sliding_window - 1, 0), or call "
-                       "sliding_window_attention(q, k, v, sliding_window)"),
-    "attention_mask": _MASK_HINT,
-    "mask": _MASK_HINT,
-    "attn_bias": _MASK_HINT,
-    "logits_soft_cap": "fastattn's name is softcap: pass softcap=",
-    "soft_cap": "fastattn's name is softcap: pass softcap=",
-    "return_softmax_lse": "pass return_lse=True",
-    "return_attn_probs": ("pass return_lse=True for the lse; attention_weights(q, k, ...) gives "
-                          "the weights"),
+    "dropout_p": (None, "fastattn is for inference and has no dropout: leave dropout_p out "
+                        "(fastattn.flash_attn's functions take dropout_p=0.0, FlashAttention's "
+                        "signature)"),
+    "dim": ("axis", "NumPy's name for it is axis: pass axis="),
+    "keepdim": ("keepdims", "NumPy's name for it is keepdims: pass keepdims="),
+    "causal": ("is_causal", "fastattn's name is is_causal, as PyTorch's: pass is_causal="),
+    "softmax_scale": ("scale", "fastattn's name is scale, as PyTorch's: pass scale="),
+    "window_size": ("window", "fastattn takes window=(left, right), each side an int >= 0 or "
+                              "None for unbounded (FlashAttention's -1); "
+                              "sliding_window_attention(q, k, v, window_size) takes a window "
+                              "size"),
+    "sliding_window": ("window", "pass window=(sliding_window - 1, 0), or call "
+                                 "sliding_window_attention(q, k, v, sliding_window)"),
+    "attention_mask": _MASK, "mask": _MASK, "attn_bias": _MASK,
+    "logits_soft_cap": ("softcap", "fastattn's name is softcap: pass softcap="),
+    "soft_cap": ("softcap", "fastattn's name is softcap: pass softcap="),
+    "return_softmax_lse": ("return_lse", "pass return_lse=True"),
+    "return_attn_probs": ("return_lse", "pass return_lse=True for the lse; "
+                                        "attention_weights(q, k, ...) gives the weights"),
+}
+# causal_attention's own: it has no is_causal to take.
+CAUSAL_KEYWORDS = dict(_FOREIGN_KEYWORDS, is_causal=(
+    None, "causal_attention is causal by definition: leave is_causal out, or call "
+          "scaled_dot_product_attention(..., is_causal=...)"))
+# The same for fastattn.flash_attn, whose functions take FlashAttention's names:
+# fastattn's and PyTorch's names there.
+FLASH_ATTN_KEYWORDS = {
+    "is_causal": ("causal", "FlashAttention's name is causal: pass causal="),
+    "scale": ("softmax_scale", "FlashAttention's name is softmax_scale: pass softmax_scale="),
+    "window": ("window_size", "FlashAttention's name is window_size, with -1 for an "
+                              "unbounded side: pass window_size=(left, right)"),
+    "enable_gqa": (None, "grouped-query attention follows from the head counts (k's heads "
+                         "dividing q's): leave enable_gqa out"),
+    "return_lse": ("return_softmax_lse", "pass return_softmax_lse=True"),
+    "attn_mask": (None, "FlashAttention's API takes no mask: use causal, window_size, "
+                        "cache_leftpad or packed sequences (cu_seqlens), or "
+                        "fastattn.scaled_dot_product_attention(q, k, v, attn_mask)"),
 }
 
 
-def foreign_keywords(func: F) -> F:
+def foreign_keywords(func: Optional[F] = None, *, hints: Optional[dict] = None) -> Any:
     """`func`, whose TypeError for an unexpected keyword says what to pass
-    instead when the keyword is another library's name for a fastattn
-    argument (PyTorch's dim, FlashAttention's causal, dropout_p, ...).
+    instead when the keyword is another library's name for one of its
+    arguments (`hints`: name -> (that argument or None, message); default
+    PyTorch's dim, FlashAttention's causal, dropout_p, ...).
 
     Only an error of the call's own binding is reworded (one raised before
     `func` ran: its traceback holds no frame of `func`); the signature,
     docstring and annotations stay `func`'s."""
+    if func is None:  # (used as @foreign_keywords(hints=...))
+        return functools.partial(foreign_keywords, hints=hints)
+    table = _FOREIGN_KEYWORDS if hints is None else hints
+
     @functools.wraps(func)
     def call(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -72,9 +96,10 @@ def foreign_keywords(func: F) -> F:
                 raise
             params = inspect.signature(func).parameters
             for name in kwargs:
-                if name not in params and name in _FOREIGN_KEYWORDS:
+                target, hint = table.get(name, ("", ""))
+                if name not in params and hint and (target is None or target in params):
                     raise TypeError(f"{func.__name__}() got an unexpected keyword argument "
-                                    f"{name!r}: {_FOREIGN_KEYWORDS[name]}") from None
+                                    f"{name!r}: {hint}") from None
             raise
     return cast(F, call)
 
@@ -95,6 +120,15 @@ def is_masked_array(x: Any) -> bool:
     can exist before it is imported, so it is only looked up, never imported."""
     ma = sys.modules.get("numpy.ma")
     return ma is not None and isinstance(x, ma.MaskedArray)
+
+
+def index(value: Any) -> int:
+    """``index(value)``, the one reading of every int argument; a 0-d
+    ``numpy.ma.MaskedArray`` is refused (TypeError) like every masked array:
+    its mask would be ignored."""
+    if is_masked_array(value):
+        raise TypeError("a masked array is not an int")
+    return operator.index(value)
 
 
 def _is_torch_tensor(x: Any) -> bool:
@@ -239,7 +273,7 @@ def normalize_axis(axis: Any, ndim: int) -> int:
     if isinstance(axis, (bool, np.bool_)):
         raise TypeError(f"axis must be an int, got {type(axis).__name__}")
     try:
-        axis = operator.index(axis)
+        axis = index(axis)
     except TypeError:
         raise TypeError(f"axis must be an int, got {type(axis).__name__}") from None
     if not -ndim <= axis < ndim:
@@ -261,23 +295,26 @@ def shares_memory(a: Any, b: Any) -> bool:
 
 def _arrays_in(name: str, value: Any) -> Iterable[Tuple[str, np.ndarray]]:
     """(name, ndarray) for the memory `value` holds as the caller gave it: an
-    ndarray itself; a torch tensor, an object with ``__array_interface__`` or
-    ``__dlpack__``, or a memoryview as the NumPy view of its memory; the items
-    of a list or tuple as ``name[i]``; nothing for None, scalars and strings
-    (anything else NumPy would copy, which no ``out`` can overlap)."""
+    ndarray itself; the items of a list or tuple as ``name[i]``; nothing for
+    None, scalars and strings; anything else as the NumPy view of its memory
+    that fastattn's conversion reads (a torch tensor, ``__array_interface__``,
+    ``__dlpack__``, the buffer protocol as of ``array.array`` or
+    ``bytearray``, ``__array__`` as of pandas), except a lazy collection
+    (Dask's: converting it would compute it again; it holds no memory of its
+    own to overlap)."""
     if isinstance(value, np.ndarray):
         yield name, value
     elif isinstance(value, (list, tuple)):
         for i, item in enumerate(value):
             yield from _arrays_in(f"{name}[{i}]", item)
     elif (value is not None and not isinstance(value, (numbers.Number, str, bytes))
-          and (_is_torch_tensor(value) or isinstance(value, memoryview)
-               or hasattr(value, "__array_interface__") or hasattr(value, "__dlpack__"))):
+          and not hasattr(value, "__dask_graph__")):
         try:
             arr = as_array(value, name)
-        except (TypeError, ValueError):  # (it was accepted as an argument: not reached)
+        except (TypeError, ValueError, BufferError):  # (not an array: nothing to overlap)
             return
-        yield name, arr
+        if arr.dtype != object:
+            yield name, arr
 
 
 def new_array(shape: Sequence[int], what: str, dtype: Any = np.float32,
@@ -477,7 +514,7 @@ def _window_side(value: Any, side: str) -> Optional[int]:
     if isinstance(value, (bool, np.bool_)):
         raise ValueError(f"window's {side} bound must be an int >= 0 or None, got {value!r}")
     try:
-        value = operator.index(value)
+        value = index(value)
     except TypeError:
         raise ValueError(
             f"window's {side} bound must be an int >= 0 or None, got {value!r}"
@@ -511,7 +548,7 @@ def check_window_size(window_size: Any) -> Tuple[int, int]:
     if isinstance(window_size, (bool, np.bool_)):
         raise ValueError(f"window_size must be an int >= 1, got {window_size!r}")
     try:
-        window_size = operator.index(window_size)
+        window_size = index(window_size)
     except TypeError:
         raise ValueError(f"window_size must be an int >= 1, got {window_size!r}") from None
     if window_size < 1:
@@ -717,6 +754,8 @@ def int_array(x: Any, name: str) -> np.ndarray:
         arr = np.asarray(x)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"{name} must be an integer array: {exc}") from None
+    if arr.size == 0 and arr.dtype.kind == "f" and not isinstance(x, np.ndarray):
+        return arr.astype(np.int64)  # ([] is float64 to NumPy: no value to say otherwise)
     if arr.dtype.kind in "fO" and arr.size and not isinstance(x, np.ndarray):
         items = np.asarray(x, dtype=object)
         flat = items.ravel()

@@ -37,8 +37,9 @@ except ImportError as exc:  # pragma: no cover - the optional extra is missing
 
 import fastattn
 from fastattn import _api
-from fastattn._validate import (as_array, as_bool, attention_inputs, is_bfloat16,
-                                is_masked_array, segment_pair)
+from fastattn._validate import (as_array, as_bool, attention_inputs, foreign_keywords,
+                                int_array, is_bfloat16, is_masked_array, segment_pair,
+                                to_float32)
 
 __all__ = ["scaled_dot_product_attention", "set_worker_threads", "FastattnThreads"]
 
@@ -168,7 +169,7 @@ def set_worker_threads(client, n=None):
 # Arguments: dtypes, shapes, chunks
 
 
-def _as_dask(x, name):
+def _as_dask(x, name, convert=as_array):
     """x as a dask array (a NumPy array, or anything fastattn takes as one,
     becomes one block). Its dtype and shape are checked by the in-memory
     function's checks (see _stand_in); here only what is Dask's own: masked
@@ -177,7 +178,7 @@ def _as_dask(x, name):
         raise TypeError(f"{name} must be a plain array, not a masked array (its mask would be "
                         f"ignored)")
     if not isinstance(x, da.Array):
-        x = as_array(x, name)  # one block (of any size: empty arrays too)
+        x = convert(x, name)  # one block (of any size: empty arrays too)
         x = da.from_array(x, chunks=tuple((n,) for n in x.shape), name=False)
     if any(math.isnan(c) for cs in x.chunks for c in cs):
         raise ValueError(f"{name} has unknown chunk sizes (shape {x.shape}): its blocks "
@@ -335,6 +336,7 @@ def _meet(i0, i1, j0, j1, off, left, right):
 # The front end
 
 
+@foreign_keywords
 def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, window=None,
                                  scale=None, softcap=None, alibi_slopes=None, sinks=None,
                                  segment_ids=None, enable_gqa=False, return_lse=False, out=None,
@@ -451,11 +453,11 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, wi
             pair = segment_pair(segment_ids, q.shape[-2], k.shape[-2])
             names = (("segment_ids", "segment_ids") if pair[0] is pair[1] else
                      ("segment_ids[0] (q_ids)", "segment_ids[1] (kv_ids)"))  # (as in memory)
-            ids = tuple(_as_dask(x, name) for x, name in zip(pair, names))
+            ids = tuple(_as_dask(x, name, int_array) for x, name in zip(pair, names))
     # alibi_slopes and sinks hold one value per query head: computed now, so
     # that the checks of their values (finite slopes) happen here, not in tasks
-    slopes, sink_values = (None if x is None else np.asarray(x.compute() if isinstance(x, da.Array)
-                                                             else as_array(x, name))
+    slopes, sink_values = (None if x is None else as_array(x.compute() if isinstance(x, da.Array)
+                                                           else x, name)
                            for x, name in ((alibi_slopes, "alibi_slopes"), (sinks, "sinks")))
     # Every argument is checked now, by the in-memory function's own checks, on
     # stand-ins of the dask arrays' shapes and dtypes that hold no data.
@@ -490,8 +492,8 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, wi
     if mask is not None:
         ops.append(_Operand("attn_mask", mask, roles(mask, ["L", "S"])))
     for value, name in ((slopes, "alibi_slopes"), (sink_values, "sinks")):
-        if value is not None:  # one value per query head
-            arr = _as_dask(value, name)
+        if value is not None:  # one value per query head, as float32 (as checked)
+            arr = _as_dask(to_float32(value, order="K"), name)
             ops.append(_Operand(name, arr, roles(arr, [])))
     if ids is not None:
         # (a 0-d id is one id for every row or key: an axis of 1 that broadcasts)

@@ -24,6 +24,7 @@ from fastattn._validate import (
     as_float32,
     attention_inputs,
     check_out,
+    CAUSAL_KEYWORDS,
     check_window_size,
     foreign_keywords,
     merge_inputs,
@@ -241,7 +242,7 @@ def scaled_dot_product_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike,
                                            ("segment_ids", segment_ids)] + a.arrays())
 
 
-@foreign_keywords
+@foreign_keywords(hints=CAUSAL_KEYWORDS)
 def causal_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike,
                      attn_mask: Optional[ArrayLike] = None, *, window: Window = None,
                      scale: Optional[float] = None, softcap: Optional[float] = None,

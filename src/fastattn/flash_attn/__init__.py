@@ -39,14 +39,14 @@ version; where fastattn differs from FlashAttention on purpose,
 """
 import math
 import numbers
-import operator
 
 import numpy as np
 
 import fastattn
 from fastattn import _api  # _paged_sdpa: the kernel's in-place paged read
 from fastattn._validate import (_FLOAT32_MAX, _is_torch_tensor, as_array, check_cu_seqlens,
-                                check_out, check_scale, check_softcap, check_window,
+                                FLASH_ATTN_KEYWORDS, check_out, check_scale, check_softcap,
+                                check_window, foreign_keywords, index,
                                 index_int64, int_array, new_array, shares_memory)
 
 # The FlashAttention release whose Python API this package follows: the names,
@@ -111,7 +111,7 @@ def _int(x, name, minimum=0):
     if isinstance(x, (bool, np.bool_)):
         raise TypeError(f"{name} must be an int, got {x!r}")
     try:
-        value = operator.index(x)
+        value = index(x)
     except TypeError:
         got = type(x).__name__ + (f" of dtype {x.dtype}" if isinstance(x, np.ndarray) else "")
         raise TypeError(f"{name} must be an int, got {got}") from None
@@ -185,7 +185,7 @@ def _check_window(window_size, span):
         if isinstance(value, (bool, np.bool_)):
             raise ValueError(f"window_size's {side} side must be an int, got {value!r}")
         try:
-            value = operator.index(value)
+            value = index(value)
         except TypeError:
             raise ValueError(f"window_size's {side} side must be an int (-1 for unbounded), "
                              f"got {value!r}") from None
@@ -268,6 +268,7 @@ def _core_out(out, B, L, H, Dv):
 # flash_attn_func
 
 
+@foreign_keywords(hints=FLASH_ATTN_KEYWORDS)
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
                     return_attn_probs=False, *, out=None):
@@ -437,6 +438,22 @@ def _check_block_table(block_table, B, num_blocks, lengths_end, block_size, sour
     return table
 
 
+def _self_overlapping(arr):
+    """True unless `arr`'s elements provably lie at distinct addresses: with
+    its axes sorted by stride, each stride must step over everything the
+    axes of smaller stride span (a C or F layout, transposed or padded,
+    passes; a broadcast view's stride 0 fails). Some exotic interleaved
+    layouts fail too: they count as overlapping."""
+    if arr.size == 0:
+        return False
+    span = arr.itemsize  # the bytes the axes of smaller stride span
+    for st, n in sorted((abs(st), n) for n, st in zip(arr.shape, arr.strides) if n > 1):
+        if st < span:
+            return True
+        span = st * (n - 1) + span
+    return False
+
+
 def _first_repeat(ids):
     """The index of the first entry of the 1-d `ids` that repeats an earlier one."""
     _, first = np.unique(ids, return_index=True)
@@ -490,6 +507,7 @@ def _gather_pages(cache, table_row, start, end):
     return pages[start - b0 * bs:end - b0 * bs]
 
 
+@foreign_keywords(hints=FLASH_ATTN_KEYWORDS)
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                            softcap=0.0, alibi_slopes=None, deterministic=False,
@@ -686,6 +704,7 @@ def _check_kv(q, kv):
     _check_heads(q.shape[-2], kv.shape[-2], "kv")
 
 
+@foreign_keywords(hints=FLASH_ATTN_KEYWORDS)
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
                               window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                               deterministic=False, return_attn_probs=False, *, out=None):
@@ -753,6 +772,7 @@ def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=Fal
                  given=[("qkv", given)])
 
 
+@foreign_keywords(hints=FLASH_ATTN_KEYWORDS)
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
                              window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                              deterministic=False, return_attn_probs=False, *, out=None):
@@ -826,6 +846,7 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
                  softcap, alibi_slopes, deterministic, return_attn_probs, out, given=given)
 
 
+@foreign_keywords(hints=FLASH_ATTN_KEYWORDS)
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
                                      softmax_scale=None, causal=False, window_size=(-1, -1),
                                      softcap=0.0, alibi_slopes=None, deterministic=False,
@@ -903,6 +924,7 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
                    return_attn_probs, None, out, given=given)
 
 
+@foreign_keywords(hints=FLASH_ATTN_KEYWORDS)
 def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                     max_seqlen_k, dropout_p=0.0, softmax_scale=None,
                                     causal=False, window_size=(-1, -1), softcap=0.0,
@@ -1020,8 +1042,13 @@ def _rotate(x, cos, sin, pos, interleaved, out=None):
     x2 = np.array(x[..., b], dtype=np.float32)
     if out is None:
         out = np.array(x, dtype=np.float32, copy=True)
-    out[..., a] = x1 * c - x2 * s
-    out[..., b] = x1 * s + x2 * c
+    # Both halves computed and cast to out's dtype before either is written:
+    # an overflow that the caller's error state raises leaves `out` (maybe x
+    # itself) as it was.
+    y1 = (x1 * c - x2 * s).astype(out.dtype, copy=False)
+    y2 = (x1 * s + x2 * c).astype(out.dtype, copy=False)
+    out[..., a] = y1
+    out[..., b] = y2
     return out
 
 
@@ -1085,6 +1112,7 @@ def _pages_in_place(qb, k_cache, v_cache, row, start, end, causal, window, kw, o
     return True
 
 
+@foreign_keywords(hints=FLASH_ATTN_KEYWORDS)
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
                             rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
                             cache_leftpad=None, block_table=None, softmax_scale=None,
@@ -1252,6 +1280,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if new_kv and shares_memory(k_cache, v_cache):
         raise ValueError("k_cache and v_cache must not share memory when k and v are appended "
                          "(each position would be written twice)")
+    for cache, name in ((k_cache, "k_cache"), (v_cache, "v_cache")):
+        if new_kv and _self_overlapping(cache):
+            raise ValueError(f"{name}'s positions share memory (a broadcast or expanded view, "
+                             f"strides {cache.strides} for shape {cache.shape}) while k and v "
+                             f"are appended: one write would land in several positions")
     paged = block_table is not None
     Hkv = k_cache.shape[2]
     if k_cache.shape[3] != D:
@@ -1395,10 +1428,14 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             where = (np.take_along_axis(table, pos // block_size, axis=1), pos % block_size)
         else:
             where = (rows[:, None], pos)
+        # (cast to the caches' dtypes before anything is written: an overflow
+        # that the caller's warning filters turn into an error stops here)
+        k, v = np.asarray(k, k_cache.dtype), np.asarray(v, v_cache.dtype)
         written = (where, k_cache[where], v_cache[where])  # (copies: fancy indexing)
-        k_cache[where] = k
-        v_cache[where] = v
     try:
+        if written is not None:
+            k_cache[written[0]] = k
+            v_cache[written[0]] = v
         _kvcache_attention(q, k_cache, v_cache, table if paged else None, rows, start, end,
                            causal, window, scale, cap, alibi, o, lse)
     except BaseException:

@@ -243,6 +243,8 @@ def pad_input(hidden_states, indices, batch, seqlen):
     if idx.size != arr.shape[0]:
         raise ValueError(f"indices must have one entry per row of hidden_states "
                          f"({arr.shape[0]}), got {idx.size}")
+    # (the result first: where it does not fit, its error names it)
+    out = new_array((n,) + arr.shape[1:], "the padded hidden_states", arr.dtype, fill=0)
     # (np.unique sorts; a bool per position finds a repeat in one pass)
     seen = np.zeros(n, bool)
     seen[idx] = True
@@ -250,6 +252,5 @@ def pad_input(hidden_states, indices, batch, seqlen):
         r = _first_repeat(idx)
         raise ValueError(f"indices repeats {int(idx[r])} (at {r} and earlier): two rows "
                          f"would be put at one position")
-    out = new_array((n,) + arr.shape[1:], "the padded hidden_states", arr.dtype, fill=0)
     out[idx] = arr
     return out.reshape((batch, seqlen) + arr.shape[1:])

@@ -19,7 +19,8 @@ __all__ = ["apply_rotary_emb", "apply_rotary_emb_func"]
 def _offsets(seqlen_offsets, B):
     """seqlen_offsets (an int, or one int per sequence) as an int64 (B,) array, >= 0."""
     if np.ndim(seqlen_offsets) == 0:
-        return np.full(B, _int(seqlen_offsets, "seqlen_offsets"), np.int64)
+        # (through the array form: an int beyond int64 is named there, not wrapped)
+        return _offsets([_int(seqlen_offsets, "seqlen_offsets")] * B, B)
     offsets = _index_array(seqlen_offsets, "seqlen_offsets", (B,))
     if (offsets < 0).any():
         b = int(np.argmax(offsets < 0))
