@@ -58,21 +58,19 @@ cdef fa_span _buffer_span(Py_buffer *view) noexcept:
     items (strides that are not whole items count as the items they reach
     into); {0, 0} when it is empty."""
     cdef fa_span s
-    cdef Py_ssize_t i, step
-    cdef int64_t below = 0, above = 0, size = view.itemsize
+    cdef Py_ssize_t i
+    cdef uintptr_t lo, hi
+    cdef int64_t below, above, size = view.itemsize
     s.lo = 0
     s.hi = 0
     for i in range(view.ndim):
         if view.shape[i] == 0:
             return s
-    for i in range(view.ndim):
-        step = (view.shape[i] - 1) * view.strides[i]
-        if step < 0:
-            below += step
-        else:
-            above += step
+    _extent(view, &lo, &hi)
+    below = <intptr_t>(lo - <uintptr_t>view.buf)  # (<= 0)
+    above = <intptr_t>(hi - <uintptr_t>view.buf)  # (past the last item's last byte)
     s.lo = -((-below + size - 1) // size)
-    s.hi = above // size + 1
+    s.hi = above // size
     return s
 
 
