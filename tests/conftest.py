@@ -6,10 +6,12 @@ helpers here that compute expected values *without* the reference
 itself can be checked against independent hand computations.
 """
 
+import importlib.util
 import math
 import os
 import re
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -261,3 +263,19 @@ def pytest_terminal_summary(terminalreporter):
                               for path, tests in sorted(files.items()))
             terminalreporter.write_line(f"{package}: {where}")
         terminalreporter.write_line(f"    to run them: {command}")
+
+
+SETUP_PY = Path(__file__).resolve().parent.parent / "setup.py"
+
+
+@pytest.fixture(scope="module")
+def setup_module_():
+    """setup.py as a module, for the build tests (needs the source tree)."""
+    if not SETUP_PY.exists():
+        pytest.skip("needs the source tree's setup.py")
+    # (a venv of Python >= 3.12 comes without setuptools; pip's builds bring their own)
+    pytest.importorskip("setuptools", reason="setuptools is not installed: setup.py cannot load")
+    spec = importlib.util.spec_from_file_location("fastattn_setup", SETUP_PY)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # defines the build helpers; setup() runs only as __main__
+    return module

@@ -7,7 +7,6 @@ around the real one, so this runs in about a second.
 The test needs the source tree's setup.py and a C compiler; it is skipped
 where either is missing (the installed wheel tested from outside the tree).
 """
-import importlib.util
 import os
 import shutil
 import stat
@@ -24,16 +23,6 @@ pytestmark = [
     pytest.mark.skipif(REAL_CC is None, reason="needs a C compiler"),
     pytest.mark.skipif(sys.platform == "win32", reason="the wrappers are POSIX shell scripts"),
 ]
-
-
-@pytest.fixture(scope="module")
-def setup_module_():
-    # (a venv of Python >= 3.12 comes without setuptools; pip's builds bring their own)
-    pytest.importorskip("setuptools", reason="setuptools is not installed: setup.py cannot load")
-    spec = importlib.util.spec_from_file_location("fastattn_setup", SETUP_PY)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # defines the build helpers; setup() runs only as __main__
-    return module
 
 
 def _wrapper(tmp_path, body):

@@ -7,7 +7,6 @@ this runs in a second or two. Needs the source tree's setup.py and a C
 compiler; skipped where either is missing (the installed wheel tested from
 outside the tree).
 """
-import importlib.util
 import os
 import shutil
 import sys
@@ -23,16 +22,6 @@ pytestmark = pytest.mark.skipif(not SETUP_PY.exists(), reason="needs the source 
 # the temporary sources are compiled with a unix compiler's flags
 needs_cc = pytest.mark.skipif(REAL_CC is None or sys.platform == "win32",
                               reason="needs a unix C compiler")
-
-
-@pytest.fixture(scope="module")
-def setup_module_():
-    # (a venv of Python >= 3.12 comes without setuptools; pip's builds bring their own)
-    pytest.importorskip("setuptools", reason="setuptools is not installed: setup.py cannot load")
-    spec = importlib.util.spec_from_file_location("fastattn_setup", SETUP_PY)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # defines the build helpers; setup() runs only as __main__
-    return module
 
 
 def test_build_jobs_env_then_parallel_then_cpus(setup_module_):

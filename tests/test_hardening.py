@@ -638,7 +638,9 @@ def test_torch_tensor_kv_cache_is_appended_in_place(rng):
 
 
 # --------------------------------------------------------------------------
-# Found by a second round of attacks on the fixes above
+# Gaps in the fixes above: failures under the caller's error state, memory shared
+# inside a cache, arguments read through a conversion, masked scalars, Dask's
+# checks, keyword hints
 
 
 def test_append_that_overflows_the_cache_dtype_under_raise_leaves_it_untouched(rng):
