@@ -719,20 +719,7 @@ def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=Fal
         grouped-query attention see :func:`flash_attn_kvpacked_func`.
     dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic
         As in :func:`flash_attn_func` (here ``S = L``).
-    return_attn_probs : bool, default False
-        Also return ``softmax_lse`` and the attention probabilities.
-    out : ndarray, optional
-        fastattn extension (keyword only): a writeable C-contiguous float32
-        array of shape (B, L, H, D), sharing no memory with `qkv` or
-        `alibi_slopes`, that receives the output and is returned.
-
-    Returns
-    -------
-    out : ndarray, float32, shape (B, L, H, D)
-    softmax_lse : ndarray, float32, shape (B, H, L)
-        Only with `return_attn_probs`, as in :func:`flash_attn_func`.
-    attn_probs : ndarray, float32, shape (B, H, L, L)
-        Only with `return_attn_probs`, as in :func:`flash_attn_func`.
+    {outputs}
 
     Raises
     ------
@@ -788,20 +775,7 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
         :func:`flash_attn_func`).
     dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic
         As in :func:`flash_attn_func`.
-    return_attn_probs : bool, default False
-        Also return ``softmax_lse`` and the attention probabilities.
-    out : ndarray, optional
-        fastattn extension (keyword only): a writeable C-contiguous float32
-        array of shape (B, L, H, D), sharing no memory with `q`, `kv` or
-        `alibi_slopes`, that receives the output and is returned.
-
-    Returns
-    -------
-    out : ndarray, float32, shape (B, L, H, D)
-    softmax_lse : ndarray, float32, shape (B, H, L)
-        Only with `return_attn_probs`, as in :func:`flash_attn_func`.
-    attn_probs : ndarray, float32, shape (B, H, L, S)
-        Only with `return_attn_probs`, as in :func:`flash_attn_func`.
+    {outputs}
 
     Raises
     ------
@@ -867,19 +841,7 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
     dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic
         As in :func:`flash_attn_varlen_func`, each sequence attending to
         itself (``L_b = S_b``).
-    return_attn_probs : bool, default False
-        Also return ``softmax_lse`` and the attention probabilities.
-    out : ndarray, optional
-        fastattn extension (keyword only): a float32 (total, H, D) array
-        receiving the output, sharing no memory with the arguments.
-
-    Returns
-    -------
-    out : ndarray, float32, shape (total, H, D)
-    softmax_lse : ndarray, float32, shape (H, total)
-        Only with `return_attn_probs`, as in :func:`flash_attn_varlen_func`.
-    attn_probs : ndarray, float32, shape (B, H, max_seqlen, max_seqlen)
-        Only with `return_attn_probs`, as in :func:`flash_attn_varlen_func`.
+    {outputs}
 
     Raises
     ------
@@ -943,19 +905,7 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
         As in :func:`flash_attn_varlen_func` (`cu_seqlens_k` indexes `kv`).
     dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic
         As in :func:`flash_attn_varlen_func`.
-    return_attn_probs : bool, default False
-        Also return ``softmax_lse`` and the attention probabilities.
-    out : ndarray, optional
-        fastattn extension (keyword only): a float32 (total_q, H, D) array
-        receiving the output, sharing no memory with the arguments.
-
-    Returns
-    -------
-    out : ndarray, float32, shape (total_q, H, D)
-    softmax_lse : ndarray, float32, shape (H, total_q)
-        Only with `return_attn_probs`, as in :func:`flash_attn_varlen_func`.
-    attn_probs : ndarray, float32, shape (B, H, max_seqlen_q, max_seqlen_k)
-        Only with `return_attn_probs`, as in :func:`flash_attn_varlen_func`.
+    {outputs}
 
     Raises
     ------
@@ -999,6 +949,35 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
     return _varlen(q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                    max_seqlen_k, dropout_p, softmax_scale, causal, window_size, softcap,
                    alibi_slopes, deterministic, return_attn_probs, None, out, given=given)
+
+# The packed forms' shared docstring lines: `return_attn_probs`, `out` and the
+# results, with each function's shapes.
+_PACKED_OUTPUTS = """return_attn_probs : bool, default False
+        Also return ``softmax_lse`` and the attention probabilities.
+    out : ndarray, optional
+        fastattn extension (keyword only): a writeable C-contiguous float32
+        array of shape {out}, sharing no memory with any
+        argument (as given), that receives the output and is returned.
+
+    Returns
+    -------
+    out : ndarray, float32, shape {out}
+    softmax_lse : ndarray, float32, shape {lse}
+        Only with `return_attn_probs`, as in :func:`{like}`.
+    attn_probs : ndarray, float32, shape {probs}
+        Only with `return_attn_probs`, as in :func:`{like}`."""
+for _f, (_out, _lse, _probs, _like) in {
+    flash_attn_qkvpacked_func: ("(B, L, H, D)", "(B, H, L)", "(B, H, L, L)", "flash_attn_func"),
+    flash_attn_kvpacked_func: ("(B, L, H, D)", "(B, H, L)", "(B, H, L, S)", "flash_attn_func"),
+    flash_attn_varlen_qkvpacked_func: ("(total, H, D)", "(H, total)",
+                                       "(B, H, max_seqlen, max_seqlen)", "flash_attn_varlen_func"),
+    flash_attn_varlen_kvpacked_func: ("(total_q, H, D)", "(H, total_q)",
+                                      "(B, H, max_seqlen_q, max_seqlen_k)",
+                                      "flash_attn_varlen_func"),
+}.items():
+    _f.__doc__ = (_f.__doc__ or "").replace(
+        "{outputs}", _PACKED_OUTPUTS.format(out=_out, lse=_lse, probs=_probs, like=_like))
+del _f, _out, _lse, _probs, _like
 
 
 # ----------------------------------------------------------------------------
