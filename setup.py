@@ -23,16 +23,27 @@ import sys
 import sysconfig
 import tempfile
 import textwrap
+from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
+
+def kernel_variants(path="csrc/variants.def"):
+    """The SIMD variants' names, in the order of csrc/variants.def (the list
+    the run-time dispatch reads too): each is compiled from
+    csrc/kernels_<name>.c."""
+    with open(path) as f:
+        text = re.sub(r"/\*.*?\*/", "", f.read(), flags=re.S)  # (the comments)
+    return re.findall(r"^\s*FA_VARIANT\(\s*(\w+)\s*,", text, flags=re.M)
+
+
 # Slowest first: the sources are compiled in parallel in this order, so the
-# AVX-512 kernels (which also compile the AVX2 ones, included) start at once.
-SOURCES = ["csrc/kernels_avx512.c", "csrc/kernels_avx2.c", "src/fastattn/_core.pyx",
-           "csrc/attention.c", "csrc/kernels_generic.c", "csrc/rowwise.c", "csrc/config.c",
-           "csrc/dispatch.c", "csrc/merge.c", "csrc/peak.c"]
+# kernel variants (the most capable first) start at once.
+SOURCES = ([f"csrc/kernels_{name}.c" for name in reversed(kernel_variants())]
+           + ["src/fastattn/_core.pyx", "csrc/attention.c", "csrc/rowwise.c", "csrc/config.c",
+              "csrc/dispatch.c", "csrc/merge.c", "csrc/peak.c"])
 
 CYTHON_DIRECTIVES = {"language_level": "3"}
 
@@ -385,9 +396,8 @@ extensions = [
         "fastattn._core",
         sources=SOURCES,
         include_dirs=["csrc"],
-        depends=["csrc/fastattn.h", "csrc/fa_internal.h", "csrc/fa_kernels.h", "csrc/kernels.inc",
-                 "csrc/kernels_avx2.c",
-                 "src/fastattn/_core.pxd"],
+        depends=sorted(str(p) for p in Path("csrc").glob("*") if p.suffix in (".h", ".inc", ".def"))
+        + ["src/fastattn/_core.pxd"],
     )
 ]
 

@@ -8,29 +8,28 @@
 
 static const fa_kernel_table *fa_active = NULL;
 
-static int fa_cpu_any(void)
-{
-    return 1;
-}
-
+/* The variants this build compiles (variants.def): ANY in every build, X86
+ * where fa_kernels.h defines FA_HAVE_X86_VARIANTS. */
+#define FA_IF_ANY(x) x
 #if defined(FA_HAVE_X86_VARIANTS)
-/* 1 if this CPU (and OS) can run the AVX2 + FMA + F16C variant (every AVX2
- * CPU has F16C, which converts float16 k and v). */
-static int fa_cpu_has_avx2(void)
-{
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")
-           && __builtin_cpu_supports("f16c");
-}
-
-/* ... and the AVX-512 variant (which also runs the AVX2 code). */
-static int fa_cpu_has_avx512(void)
-{
-    return fa_cpu_has_avx2() && __builtin_cpu_supports("avx512f")
-           && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw")
-           && __builtin_cpu_supports("avx512dq");
-}
+#define FA_IF_X86(x) x
+#else
+#define FA_IF_X86(x)
 #endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define FA_CPU(feature) __builtin_cpu_supports(feature)
+#define FA_CPU_INIT() __builtin_cpu_init()
+#else
+#define FA_CPU(feature) 0
+#define FA_CPU_INIT() ((void)0)
+#endif
+
+/* One test a variant: does this CPU (and OS) run it. */
+#define FA_VARIANT(name, arch, runs_here)                                                          \
+    FA_IF_##arch(static int fa_runs_##name(void) { FA_CPU_INIT(); return runs_here; })
+#include "variants.def"
+#undef FA_VARIANT
 
 /* The variants of this build, from the portable one to the fastest: selection
  * by name, the automatic choice (the last this CPU runs), simd_available and
@@ -39,11 +38,11 @@ static const struct {
     const fa_kernel_table *table;
     int (*runs_here)(void);
 } fa_variants[] = {
-    {&fa_kernels_generic, fa_cpu_any},
-#if defined(FA_HAVE_X86_VARIANTS)
-    {&fa_kernels_avx2, fa_cpu_has_avx2},
-    {&fa_kernels_avx512, fa_cpu_has_avx512},
-#endif
+#define FA_ROW(name) {&fa_kernels_##name, fa_runs_##name},
+#define FA_VARIANT(name, arch, runs_here) FA_IF_##arch(FA_ROW(name))
+#include "variants.def"
+#undef FA_VARIANT
+#undef FA_ROW
 };
 #define FA_NVARIANTS ((int)(sizeof fa_variants / sizeof fa_variants[0]))
 

@@ -141,11 +141,11 @@ typedef struct {
  * unit_bounds). */
 int64_t fa_zero_tail(const fa_attn_args *a, const fa_unit *u, int64_t b, int64_t l, int64_t h);
 
-extern const fa_kernel_table fa_kernels_generic;
-#if defined(FA_HAVE_X86_VARIANTS)
-extern const fa_kernel_table fa_kernels_avx2;
-extern const fa_kernel_table fa_kernels_avx512;
-#endif
+/* Each variant's table, fa_kernels_<name> (variants.def; declared for
+ * every line, defined by the kernel files of the variants a build has). */
+#define FA_VARIANT(name, arch, runs_here) extern const fa_kernel_table fa_kernels_##name;
+#include "variants.def"
+#undef FA_VARIANT
 
 /* The table in use (selected on first use if fa_select_simd was not called). */
 const fa_kernel_table *fa_active_kernels(void);

@@ -1,13 +1,15 @@
-/* The AVX-512 kernels (F, VL, BW, DQ, with AVX2 + FMA + F16C): the AVX2 variant's
- * code (kernels_avx2.c, compiled again for this target: its reductions,
- * packing and few-rows kernels; the compiler's own loops 16 lanes wide) with
- * a micro-kernel of 16-lane registers, FA_MR rows of FA_NR = 16 columns, one
- * zmm accumulator per row, and the tile softmax in 16-lane registers. Each
- * product is the AVX2 micro-kernel's sum (one fused multiply-add per step of
- * d, d ascending from 0) and each exponential the AVX2 one; a tile's
- * exponentials are summed in sixteen lanes, so results agree with the AVX2
- * variant's to rounding (this variant's own bits, the same for every thread
- * count). Chosen at run time by dispatch.c. */
+/* The AVX-512 kernels (F, VL, BW, DQ, with AVX2 + FMA + F16C): the unit
+ * driver (kernels.inc) compiled for this target, over the sixteen-lane
+ * vector vocabulary (vec_avx512.h) and its math (vec_math.h), the x86 row
+ * kernels (x86_rows.h, eight lanes, as the AVX2 variant has them), and this
+ * file's micro-kernels: FA_MR rows of FA_NR = 16 columns, one zmm
+ * accumulator per row, the rows-as-lanes tile kernels and the few-rows
+ * kernels in 16-lane registers. Each product is the AVX2 micro-kernel's sum
+ * (one fused multiply-add per step of d, d ascending from 0) and each
+ * exponential the AVX2 one; a tile's exponentials are summed in sixteen
+ * lanes, so results agree with the AVX2 variant's to rounding (this
+ * variant's own bits, the same for every thread count). Chosen at run time
+ * by dispatch.c (variants.def). */
 #include "fa_kernels.h"
 
 #if defined(FA_HAVE_X86_VARIANTS)
@@ -20,6 +22,8 @@
 #define FA_MR 12 /* twelve zmm accumulators: enough independent FMAs for two ports */
 
 #include "fa_internal.h" /* its helpers compiled for this target */
+#include "vec_avx512.h"
+#include "vec_math.h"
 
 #if FA_NR != 16
 #error "the AVX-512 micro-kernel holds one row of FA_NR = 16 columns in one register"
@@ -118,139 +122,6 @@ static FA_ALWAYS_INLINE FA_TARGET void gemm_block2_avx512(const float *a, int64_
 #undef FA_STORE
 }
 
-/* 2**f for |f| <= 1/2: exp2_poly_avx2's polynomial, sixteen lanes. */
-static inline FA_TARGET __m512 exp2_poly_avx512(__m512 f)
-{
-    __m512 p = _mm512_set1_ps(1.52527338040598e-05f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.000154035303933816f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.00133335581464284f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.00961812910762848f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.0555041086648216f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.240226506959101f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.693147180559945f));
-    return _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-}
-
-/* 2**x, sixteen lanes: exp2_avx2's algorithm lane for lane (the same bits). */
-static inline FA_TARGET __m512 exp2_avx512(__m512 x)
-{
-    const __m512 shift = _mm512_set1_ps(12582912.0f);
-    const __m512i bias = _mm512_set1_epi32(127);
-    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-    const __m512 xc = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(128.0f)),
-                                    _mm512_set1_ps(-151.0f));
-    const __m512 y = _mm512_add_ps(xc, shift);
-    __m512 p = exp2_poly_avx512(_mm512_sub_ps(xc, _mm512_sub_ps(y, shift)));
-    const __m512i n = _mm512_sub_epi32(_mm512_castps_si512(y), _mm512_set1_epi32(0x4B400000));
-    const __m512i n1 = _mm512_srai_epi32(n, 1), n2 = _mm512_sub_epi32(n, n1);
-    p = _mm512_mul_ps(p, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n1, bias), 23)));
-    p = _mm512_mul_ps(p, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n2, bias), 23)));
-    return _mm512_mask_mov_ps(p, nan, x);
-}
-
-/* 2**x for -124 <= x <= 0 (a normal result): exp2_normal_avx2 lane for lane. */
-static inline FA_TARGET __m512 exp2_normal_avx512(__m512 x)
-{
-    const __m512 shift = _mm512_set1_ps(12582912.0f);
-    const __m512 y = _mm512_add_ps(x, shift);
-    const __m512 p = exp2_poly_avx512(_mm512_sub_ps(x, _mm512_sub_ps(y, shift)));
-    return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p),
-                                                _mm512_slli_epi32(_mm512_castps_si512(y), 23)));
-}
-
-/* 2**x for x <= 0 (-inf and NaN included): exp2_nonpos_avx2 lane for lane
- * (exp2_avx512's bits, subnormal results built by integer shifts). */
-static inline FA_TARGET __m512 exp2_nonpos_avx512(__m512 x)
-{
-    const __m512 shift = _mm512_set1_ps(12582912.0f);
-    const __m512i one = _mm512_set1_epi32(1);
-    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-    const __m512 xc = _mm512_max_ps(x, _mm512_set1_ps(-151.0f)); /* (x <= 0) */
-    const __m512 y = _mm512_add_ps(xc, shift);
-    const __m512 p = exp2_poly_avx512(_mm512_sub_ps(xc, _mm512_sub_ps(y, shift)));
-    const __m512i pb = _mm512_castps_si512(p);
-    const __m512i n = _mm512_sub_epi32(_mm512_castps_si512(y), _mm512_set1_epi32(0x4B400000));
-    const __m512i e = _mm512_sub_epi32(_mm512_srli_epi32(pb, 23), _mm512_set1_epi32(127));
-    const __m512i sh = _mm512_sub_epi32(_mm512_set1_epi32(-126), _mm512_add_epi32(n, e));
-    const __m512i m = _mm512_or_si512(_mm512_and_si512(pb, _mm512_set1_epi32(0x7FFFFF)),
-                                      _mm512_set1_epi32(0x800000));
-    const __m512i half = _mm512_sllv_epi32(one, _mm512_sub_epi32(sh, one));
-    const __m512i odd = _mm512_and_si512(_mm512_srlv_epi32(m, sh), one);
-    const __m512i sub = _mm512_srlv_epi32(
-        _mm512_add_epi32(m, _mm512_add_epi32(_mm512_sub_epi32(half, one), odd)), sh);
-    const __m512i nrm = _mm512_add_epi32(pb, _mm512_slli_epi32(n, 23));
-    const __m512i r = _mm512_mask_mov_epi32(nrm, _mm512_cmpgt_epi32_mask(sh, _mm512_setzero_si512()),
-                                            sub);
-    return _mm512_mask_mov_ps(_mm512_castsi512_ps(r), nan, x);
-}
-
-/* exp(x - m) = 2**((x - m) log2 e) for a score x against the row's maximum
- * m <= its scores (exp2_masked_avx2 lane for lane): a register whose
- * arguments are all at least -124 (a normal result; not NaN) takes
- * exp2_normal_avx512 alone, others exp2_nonpos_avx512 where a lane needs it,
- * and a score of -inf (a masked key) weighs exactly 0. */
-static FA_ALWAYS_INLINE FA_TARGET __m512 exp2_masked_avx512(__m512 x, __m512 mv, __m512 log2e,
-                                                          __m512 ninf, __m512 lo)
-{
-    const __m512 y = _mm512_mul_ps(_mm512_sub_ps(x, mv), log2e);
-    const __mmask16 slow = _mm512_cmp_ps_mask(y, lo, _CMP_NGE_UQ);
-    __mmask16 live;
-    if (!slow) /* (then no x is -inf) */
-        return exp2_normal_avx512(y);
-    live = _mm512_cmp_ps_mask(x, ninf, _CMP_NEQ_UQ);
-    return _mm512_maskz_mov_ps(live, (slow & live) ? exp2_nonpos_avx512(y)
-                                                   : exp2_normal_avx512(y));
-}
-
-/* The tile softmax step (see the portable versions in kernels.inc), sixteen
- * lanes at a time: the same exponentials element for element as the AVX2
- * variant's, summed in sixteen lanes (a fixed order of this variant's own). */
-#define FA_HAVE_TILE_SOFTMAX 1
-/* The sum of a register's sixteen lanes in a fixed order: t[i] = x[i + 8] +
- * x[i], then u[i] = t[i + 4] + t[i], then (u[0] + u[2]) + (u[1] + u[3]). */
-static FA_ALWAYS_INLINE FA_TARGET float hsum16_avx512(__m512 x)
-{
-    const __m256 t = _mm256_add_ps(_mm512_extractf32x8_ps(x, 1), _mm512_castps512_ps256(x));
-    const __m128 u = _mm_add_ps(_mm256_extractf128_ps(t, 1), _mm256_castps256_ps128(t));
-    const __m128 v = _mm_add_ps(u, _mm_movehl_ps(u, u)); /* u[0] + u[2], u[1] + u[3] */
-    return _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)));
-}
-
-typedef char fa_avx512_tile_is_whole_registers[FA_BK % 16 == 0 ? 1 : -1];
-
-static FA_TARGET float tile_max_avx512(const float *s, int64_t nc, float m)
-{
-    __m512 mx = _mm512_set1_ps(-INFINITY);
-    __mmask16 nan = 0;
-    float r;
-    int jj;
-    for (jj = 0; jj < nc; jj += 16) {
-        const __m512 x = _mm512_loadu_ps(s + jj);
-        mx = _mm512_max_ps(mx, x); /* a NaN x: caught by `nan` */
-        nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-    }
-    if (nan || m != m)
-        return NAN;
-    r = _mm512_reduce_max_ps(mx);
-    return r > m ? r : m;
-}
-
-/* s[0..nc) -> exp(s - m) in place (exp2_masked_avx512; exactly 0 for -inf)
- * and their sum (the sixteen lanes' sums added). */
-static FA_TARGET double tile_exp_avx512(float *s, int64_t nc, float m)
-{
-    const __m512 mv = _mm512_set1_ps(m), log2e = _mm512_set1_ps(FA_LOG2E);
-    const __m512 ninf = _mm512_set1_ps(-INFINITY), lo = _mm512_set1_ps(-124.0f);
-    __m512 sum = _mm512_setzero_ps();
-    int64_t jj;
-    for (jj = 0; jj < nc; jj += 16) {
-        const __m512 p = exp2_masked_avx512(_mm512_loadu_ps(s + jj), mv, log2e, ninf, lo);
-        _mm512_storeu_ps(s + jj, p);
-        sum = _mm512_add_ps(sum, p);
-    }
-    return (double)hsum16_avx512(sum);
-}
-
 /*
  * Whole key tiles of units with no float mask, soft cap or general segment
  * ids (kernels.inc's qt_tile: a row's bounds, a shared key-padding mask and
@@ -261,8 +132,8 @@ static FA_TARGET double tile_exp_avx512(float *s, int64_t nc, float m)
  * sum over the tile's keys are taken lane by lane, across registers, with no
  * reduction within a register. Each score is the micro-kernel's sum (one
  * fused multiply-add per step of d, d ascending from 0, then the scale), each
- * weight tile_exp_avx512's exponential and each row's sum tile_exp_avx512's
- * sixteen partial sums added in hsum16_avx512's order: the bits of the
+ * weight tile_exp's exponential and each row's sum tile_exp's
+ * sixteen partial sums added in vf_hsum's order (vec_avx512.h): the bits of the
  * general path.
  */
 #define FA_HAVE_QT_TILE 1
@@ -419,17 +290,17 @@ static FA_ALWAYS_INLINE FA_TARGET int qt_scores_avx512(
 
 /* The weights of key c + 16 i (i = 0 .. n - 1) for sixteen rows (pt as
  * qt_scores left it, rows r .. r + 15 from p, maxima mv) in place, and their
- * sum from +0 in that order: lane c of tile_exp_avx512's register of sums. */
+ * sum from +0 in that order: lane c of tile_exp's register of sums. */
 static FA_ALWAYS_INLINE FA_TARGET __m512 qt_part_avx512(float *p, int64_t ldp, int c, __m512 mv,
                                                         int n)
 {
     const __m512 log2e = _mm512_set1_ps(FA_LOG2E), ninf = _mm512_set1_ps(-INFINITY),
-                 lo = _mm512_set1_ps(-124.0f);
+                 lo = _mm512_set1_ps(FA_EXP2_NORMAL_LO);
     __m512 sum = _mm512_setzero_ps();
     int i;
     for (i = 0; i < n; i++) {
         float *s = p + (int64_t)(c + 16 * i) * ldp;
-        const __m512 e = exp2_masked_avx512(_mm512_loadu_ps(s), mv, log2e, ninf, lo);
+        const __m512 e = vf_exp2_masked(_mm512_loadu_ps(s), mv, log2e, ninf, lo);
         _mm512_storeu_ps(s, e);
         sum = _mm512_add_ps(sum, e);
     }
@@ -437,7 +308,7 @@ static FA_ALWAYS_INLINE FA_TARGET __m512 qt_part_avx512(float *p, int64_t ldp, i
 }
 
 /* pt's scores -> exp(s - mnew) in place for the rows r < nrt, and each row's
- * sum of them (float32, tile_exp_avx512's order: hsum16_avx512 over the
+ * sum of them (float32, tile_exp's order: vf_hsum of vec_avx512.h over the
  * sixteen partial sums of keys c, c + 16, ... below nc). 0 if a sum is
  * NaN (a NaN score). */
 static FA_ALWAYS_INLINE FA_TARGET int qt_exp_body_avx512(float *pt, int64_t ldp,
@@ -450,7 +321,7 @@ static FA_ALWAYS_INLINE FA_TARGET int qt_exp_body_avx512(float *pt, int64_t ldp,
     for (r = 0; r < nrt; r += 16) {
         const __m512 mv = _mm512_loadu_ps(mnew + r);
         __m512 t6[4], t;
-        for (i = 0; i < 4; i++) /* hsum16_avx512's first two levels, lane by lane */
+        for (i = 0; i < 4; i++) /* vf_hsum's first two levels, lane by lane */
             t6[i] = _mm512_add_ps(_mm512_add_ps(qt_part_avx512(pt + r, ldp, i + 12, mv, n),
                                                 qt_part_avx512(pt + r, ldp, i + 4, mv, n)),
                                   _mm512_add_ps(qt_part_avx512(pt + r, ldp, i + 8, mv, n),
@@ -595,7 +466,6 @@ static FA_ALWAYS_INLINE FA_TARGET void few_pv_dt_avx512(const float *p, int64_t 
 #undef FA_CALL
 }
 
-#define FA_HAVE_FEW_PV 1
 static FA_TARGET void few_pv_avx512(const float *p, int64_t nr, const void *v, int dt, int64_t ld,
                                     int64_t Dvp, int64_t nk, int64_t room, int from, float *tile)
 {
@@ -623,7 +493,7 @@ static FA_TARGET void few_pv_avx512(const float *p, int64_t nr, const void *v, i
  * cleared (both exact conversions, no shuffle); the even and odd elements
  * are transposed apart and their products taken in d order.
  */
-#define FA_HAVE_FEW_SCORES 1
+#define FA_HAVE_FEW_KERNELS 1
 
 /* Lane l of a transposed register holds key FA_PERM16[l] of the sixteen. */
 static const int FA_PERM16[16] = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15};
@@ -976,7 +846,8 @@ static FA_TARGET void few_scores_avx512(const float *q, int64_t nr, const void *
         few_scores_dt_avx512(q, nr, k, FA_DTYPE_F32, rs, D, nk, room, s);
 }
 
-#include "kernels_avx2.c"
+#include "x86_rows.h"
+#include "kernels.inc"
 #else
 typedef int fa_no_avx512_variant; /* ISO C forbids an empty translation unit */
 #endif
