@@ -16,6 +16,7 @@
 #define FA_MR 6
 
 #include "fa_internal.h" /* its helpers compiled for this target */
+#include "microkernels.h"
 #include "vec_avx2.h"
 #include "vec_math.h"
 #include "x86_rows.h"
@@ -23,7 +24,6 @@
 /* One 6 x 16 block of C = (A . B) scale in twelve ymm accumulators, one fused
  * multiply-add per element and step of d, d ascending; with alpha, C = C *
  * alpha + A . B (kernels.inc's gemm_block). */
-#define FA_HAVE_GEMM_BLOCK 1
 static FA_ALWAYS_INLINE FA_TARGET void FA_NAME(gemm_block)(const float *a, int64_t ars,
                                                           int64_t ads, const float *b,
                                                           int64_t ldb, int64_t K, float *c,
@@ -327,7 +327,6 @@ static FA_TARGET void FA_NAME(few_scores)(const float *q, int64_t nr, const void
     else
         few_scores_dt_avx2(q, nr, k, FA_DTYPE_F32, rs, D, nk, room, s);
 }
-#define FA_HAVE_FEW_KERNELS 1
 
 /* tile[r * Dvp + c] = sum over jj < nk of p[r * FA_BK + jj] v[jj * ld + c] for
  * the nr rows, the value rows read in place (ld elements of dtype dt apart,

@@ -22,6 +22,7 @@
 #define FA_MR 12 /* twelve zmm accumulators: enough independent FMAs for two ports */
 
 #include "fa_internal.h" /* its helpers compiled for this target */
+#include "microkernels.h"
 #include "vec_avx512.h"
 #include "vec_math.h"
 
@@ -40,7 +41,6 @@
 /* One FA_MR x 16 block of C = (A . B) scale: row r of A broadcast, one row
  * of B per step of d loaded once for all the rows; with alpha, C = C * alpha
  * + A . B (kernels.inc's gemm_block). */
-#define FA_HAVE_GEMM_BLOCK 1
 static FA_ALWAYS_INLINE FA_TARGET void gemm_block_avx512(const float *a, int64_t ars,
                                                         int64_t ads, const float *b,
                                                         int64_t ldb, int64_t K, float *c,
@@ -493,7 +493,6 @@ static FA_TARGET void few_pv_avx512(const float *p, int64_t nr, const void *v, i
  * cleared (both exact conversions, no shuffle); the even and odd elements
  * are transposed apart and their products taken in d order.
  */
-#define FA_HAVE_FEW_KERNELS 1
 
 /* Lane l of a transposed register holds key FA_PERM16[l] of the sixteen. */
 static const int FA_PERM16[16] = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15};

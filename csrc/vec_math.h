@@ -118,7 +118,6 @@ static FA_ALWAYS_INLINE FA_TARGET fa_vf vf_exp2_masked(fa_vf x, fa_vf mv, fa_vf 
                                                     : vf_exp2_normal(y)); /* -inf: 0 */
 }
 
-#define FA_HAVE_TILE_SOFTMAX 1
 typedef char FA_NAME(tile_is_whole_registers)[FA_BK % FA_VL == 0 ? 1 : -1];
 /* The tile softmax step (see the portable versions in kernels.inc), FA_VL
  * lanes at a time: the larger of m and a tile's row of scores s[0..nc) (NaN
@@ -160,7 +159,6 @@ static FA_TARGET double FA_NAME(tile_exp)(float *s, int64_t nc, float m)
  * vf_exp2_normal where a register's lanes all lie in [FA_EXP2_NORMAL_LO, 0],
  * else vf_exp2_nonpos where none is above 0 (or NaN), else vf_exp2 (the
  * same bits each; the tests reach all three). */
-#define FA_HAVE_EXP2_ARRAY 1
 static FA_TARGET void FA_NAME(exp2_array)(const float *x, float *y, int64_t n)
 {
     const fa_vf lo = vf_set1(FA_EXP2_NORMAL_LO), zero = vf_zero();

@@ -145,7 +145,6 @@ static FA_ALWAYS_INLINE FA_TARGET void pack_kt_dt_avx2(const void *k, int dt, in
 #undef FA_ROW
 }
 
-#define FA_HAVE_PACK_KT 1
 static FA_TARGET void FA_NAME(pack_kt)(const void *k, int dt, int64_t rs, int64_t D, int64_t nk,
                                    int64_t room, float *kt)
 {
@@ -198,7 +197,6 @@ static FA_ALWAYS_INLINE FA_TARGET int load_row_dt_avx2(const void *src, int dt, 
 /* 1 if x[0..n) are all finite (x - x is +0 for finite x, NaN otherwise; the
  * OR of such bits is NaN if any is); the lines `ahead` bytes past those read
  * are fetched ahead (0: none). */
-#define FA_HAVE_ROW_FINITE 1
 static FA_TARGET int FA_NAME(row_finite)(const float *x, int64_t n, int64_t ahead)
 {
     __m256 bad = _mm256_setzero_ps();
@@ -217,7 +215,6 @@ static FA_TARGET int FA_NAME(row_finite)(const float *x, int64_t n, int64_t ahea
     return !badt && !_mm256_movemask_ps(_mm256_cmp_ps(bad, bad, _CMP_UNORD_Q));
 }
 
-#define FA_HAVE_LOAD_ROW 1
 static FA_TARGET int FA_NAME(load_row)(const void *src, int dt, int64_t n, float *dst,
                                    int64_t ahead)
 {
@@ -423,7 +420,6 @@ static inline FA_TARGET void finish_row_avx2(const float *src, float *out, int64
 /* softmax / log_softmax / logsumexp of one row (the rules of rowwise.c):
  * a max pass (which also finds the minimum), the exponential pass, then the
  * scale pass. */
-#define FA_HAVE_ROWWISE 1
 static FA_TARGET void FA_NAME(rowwise_row)(const float *x, float *out, int64_t n, int op,
                                        const float *next)
 {
