@@ -149,9 +149,10 @@ static int64_t kv_group(const fa_attn_args *a)
     return g;
 }
 
+/* A code of dtypes.h whose elements the kernels read one at a time. */
 static int valid_dtype(int dt)
 {
-    return dt == FA_DTYPE_F32 || dt == FA_DTYPE_F16 || dt == FA_DTYPE_BF16;
+    return fa_dtype_size(dt) != 0;
 }
 
 /* No array is this many elements long: every sum of offsets and strides

@@ -116,3 +116,26 @@ int fa_threads_for(int nthreads, double work, int64_t nitems)
         nt = 1;
     return nt < 1 ? 1 : nt;
 }
+
+/* dtypes.h's table, row by row, for fastattn._core. */
+static const struct {
+    int code, bytes, block;
+    const char *name;
+} fa_dtype_rows[] = {
+#define FA_DTYPE_ROW(NAME, code, name, bytes, block, at) {code, bytes, block, name},
+    FA_DTYPES(FA_DTYPE_ROW)
+#undef FA_DTYPE_ROW
+};
+
+int fa_dtype_count(void)
+{
+    return (int)(sizeof fa_dtype_rows / sizeof fa_dtype_rows[0]);
+}
+
+void fa_dtype_row(int i, int *code, const char **name, int *bytes, int *block)
+{
+    *code = fa_dtype_rows[i].code;
+    *name = fa_dtype_rows[i].name;
+    *bytes = fa_dtype_rows[i].bytes;
+    *block = fa_dtype_rows[i].block;
+}

@@ -136,12 +136,6 @@ static inline FA_TARGET float fa_exp2f(float x)
 #define FA_ALWAYS_INLINE inline
 #endif
 
-/* Bytes per element of dtype dt. */
-static inline size_t fa_dtype_size(int dt)
-{
-    return dt == FA_DTYPE_F32 ? 4u : 2u;
-}
-
 static inline FA_TARGET float fa_bits_f32(uint32_t u)
 {
     float f;
@@ -175,14 +169,64 @@ static inline FA_TARGET float fa_f16_to_f32(uint16_t h)
     return fa_bits_f32(sign | bits);
 }
 
+/* Element i of a row of each type as float32, exactly (dtypes.h's `at`). */
+static FA_ALWAYS_INLINE FA_TARGET float fa_f32_at(const void *p, int64_t i)
+{
+    return ((const float *)p)[i];
+}
+
+static FA_ALWAYS_INLINE FA_TARGET float fa_f16_at(const void *p, int64_t i)
+{
+    return fa_f16_to_f32(((const uint16_t *)p)[i]);
+}
+
+static FA_ALWAYS_INLINE FA_TARGET float fa_bf16_at(const void *p, int64_t i)
+{
+    return fa_bf16_to_f32(((const uint16_t *)p)[i]);
+}
+
+/* FA_DTYPE_SWITCH(dt): FA_DTYPE_CALL(t) (a macro the caller defines) with t
+ * the constant code equal to dt, for each type of dtypes.h, so that a kernel
+ * is inlined once per type with its conversions known; nothing for a code
+ * not in the table (attention.c's check_args refuses those first). */
+#define FA_DTYPE_CASE(NAME, code, name, bytes, block, at)                                          \
+    case FA_DTYPE_##NAME:                                                                          \
+        FA_DTYPE_CALL(FA_DTYPE_##NAME);                                                            \
+        break;
+#define FA_DTYPE_SWITCH(dt)                                                                        \
+    switch (dt) {                                                                                  \
+        FA_DTYPES(FA_DTYPE_CASE)                                                                   \
+    default:                                                                                       \
+        break;                                                                                     \
+    }
+
+/* Bytes per element of dtype dt; 0 for a code not in dtypes.h (and for a
+ * block format, whose elements have no size of their own). */
+static inline size_t fa_dtype_size(int dt)
+{
+    switch (dt) {
+#define FA_DTYPE_BYTES(NAME, code, name, bytes, block, at)                                         \
+    case FA_DTYPE_##NAME:                                                                          \
+        return (block) == 1 ? (size_t)(bytes) : 0;
+        FA_DTYPES(FA_DTYPE_BYTES)
+#undef FA_DTYPE_BYTES
+    default:
+        return 0;
+    }
+}
+
 /* Element i of p, of dtype dt, as a float32 (exact). */
 static FA_ALWAYS_INLINE FA_TARGET float fa_load_elem(const void *p, int64_t i, int dt)
 {
-    if (dt == FA_DTYPE_F32)
-        return ((const float *)p)[i];
-    if (dt == FA_DTYPE_F16)
-        return fa_f16_to_f32(((const uint16_t *)p)[i]);
-    return fa_bf16_to_f32(((const uint16_t *)p)[i]);
+    switch (dt) {
+#define FA_DTYPE_AT(NAME, code, name, bytes, block, at)                                            \
+    case FA_DTYPE_##NAME:                                                                          \
+        return at(p, i);
+        FA_DTYPES(FA_DTYPE_AT)
+#undef FA_DTYPE_AT
+    default:
+        return NAN;
+    }
 }
 
 /*

@@ -8,6 +8,8 @@
 #ifndef FASTATTN_H
 #define FASTATTN_H
 
+#include "dtypes.h"
+
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -38,11 +40,20 @@ extern "C" {
 int fa_rowwise_f32(const float *x, float *out, int64_t nrows, int64_t n, int op,
                    int nthreads);
 
-/* Element types of k and v (fa_attn_args.k_dtype, v_dtype). Half-precision
+/* Element types of k and v (fa_attn_args.k_dtype, v_dtype), the rows of
+ * dtypes.h: FA_DTYPE_F32 (float32), FA_DTYPE_F16 (IEEE 754 binary16, as
+ * uint16 bits), FA_DTYPE_BF16 (bfloat16, as uint16 bits). Half-precision
  * elements are converted exactly to float32 where the kernels read them. */
-#define FA_DTYPE_F32 0  /* float32 */
-#define FA_DTYPE_F16 1  /* IEEE 754 binary16 (numpy.float16), as uint16 bits */
-#define FA_DTYPE_BF16 2 /* bfloat16 (the top 16 bits of a float32), as uint16 bits */
+enum {
+#define FA_DTYPE_CODE(NAME, code, name, bytes, block, at) FA_DTYPE_##NAME = code,
+    FA_DTYPES(FA_DTYPE_CODE)
+#undef FA_DTYPE_CODE
+};
+
+/* Row i of that table (0 <= i < fa_dtype_count()): its code, NumPy name,
+ * bytes a block and elements a block. */
+int fa_dtype_count(void);
+void fa_dtype_row(int i, int *code, const char **name, int *bytes, int *block);
 
 /* The elements [lo, hi) of an array that a call may touch, counted (in its
  * elements) from the element its offsets count from: negative strides reach

@@ -320,12 +320,9 @@ static FA_ALWAYS_INLINE FA_TARGET void few_scores_dt_avx2(const float *q, int64_
 static FA_TARGET void FA_NAME(few_scores)(const float *q, int64_t nr, const void *k, int dt,
                                       int64_t rs, int64_t D, int64_t nk, int64_t room, float *s)
 {
-    if (dt == FA_DTYPE_F16)
-        few_scores_dt_avx2(q, nr, k, FA_DTYPE_F16, rs, D, nk, room, s);
-    else if (dt == FA_DTYPE_BF16)
-        few_scores_dt_avx2(q, nr, k, FA_DTYPE_BF16, rs, D, nk, room, s);
-    else
-        few_scores_dt_avx2(q, nr, k, FA_DTYPE_F32, rs, D, nk, room, s);
+#define FA_DTYPE_CALL(t) few_scores_dt_avx2(q, nr, k, t, rs, D, nk, room, s)
+    FA_DTYPE_SWITCH(dt)
+#undef FA_DTYPE_CALL
 }
 
 /* tile[r * Dvp + c] = sum over jj < nk of p[r * FA_BK + jj] v[jj * ld + c] for
@@ -387,12 +384,9 @@ static FA_TARGET void FA_NAME(few_pv)(const float *p, int64_t nr, const void *v,
                                       int64_t ld, int64_t Dvp, int64_t nk, int64_t room,
                                       int from, float *tile)
 {
-    if (dt == FA_DTYPE_F16)
-        few_pv_dt_avx2(p, nr, v, FA_DTYPE_F16, ld, Dvp, nk, room, from, tile);
-    else if (dt == FA_DTYPE_BF16)
-        few_pv_dt_avx2(p, nr, v, FA_DTYPE_BF16, ld, Dvp, nk, room, from, tile);
-    else
-        few_pv_dt_avx2(p, nr, v, FA_DTYPE_F32, ld, Dvp, nk, room, from, tile);
+#define FA_DTYPE_CALL(t) few_pv_dt_avx2(p, nr, v, t, ld, Dvp, nk, room, from, tile)
+    FA_DTYPE_SWITCH(dt)
+#undef FA_DTYPE_CALL
 }
 
 #include "kernels.inc"

@@ -469,12 +469,9 @@ static FA_ALWAYS_INLINE FA_TARGET void few_pv_dt_avx512(const float *p, int64_t 
 static FA_TARGET void few_pv_avx512(const float *p, int64_t nr, const void *v, int dt, int64_t ld,
                                     int64_t Dvp, int64_t nk, int64_t room, int from, float *tile)
 {
-    if (dt == FA_DTYPE_F16)
-        few_pv_dt_avx512(p, nr, v, FA_DTYPE_F16, ld, Dvp, nk, room, from, tile);
-    else if (dt == FA_DTYPE_BF16)
-        few_pv_dt_avx512(p, nr, v, FA_DTYPE_BF16, ld, Dvp, nk, room, from, tile);
-    else
-        few_pv_dt_avx512(p, nr, v, FA_DTYPE_F32, ld, Dvp, nk, room, from, tile);
+#define FA_DTYPE_CALL(t) few_pv_dt_avx512(p, nr, v, t, ld, Dvp, nk, room, from, tile)
+    FA_DTYPE_SWITCH(dt)
+#undef FA_DTYPE_CALL
 }
 
 /*
@@ -837,12 +834,9 @@ static FA_TARGET void few_scores_avx512(const float *q, int64_t nr, const void *
                                         int64_t rs, int64_t D, int64_t nk, int64_t room,
                                         float *s)
 {
-    if (dt == FA_DTYPE_F16)
-        few_scores_dt_avx512(q, nr, k, FA_DTYPE_F16, rs, D, nk, room, s);
-    else if (dt == FA_DTYPE_BF16)
-        few_scores_dt_avx512(q, nr, k, FA_DTYPE_BF16, rs, D, nk, room, s);
-    else
-        few_scores_dt_avx512(q, nr, k, FA_DTYPE_F32, rs, D, nk, room, s);
+#define FA_DTYPE_CALL(t) few_scores_dt_avx512(q, nr, k, t, rs, D, nk, room, s)
+    FA_DTYPE_SWITCH(dt)
+#undef FA_DTYPE_CALL
 }
 
 #include "x86_rows.h"

@@ -204,12 +204,9 @@ static FA_TARGET void FA_NAME(pack_kt)(const void *k, int dt, int64_t rs, int64_
                                        int64_t room, float *kt)
 {
     (void)room; /* (no fetches ahead here) */
-    if (dt == FA_DTYPE_F16)
-        FA_NAME(pack_kt_dt)(k, FA_DTYPE_F16, rs, D, nk, kt);
-    else if (dt == FA_DTYPE_BF16)
-        FA_NAME(pack_kt_dt)(k, FA_DTYPE_BF16, rs, D, nk, kt);
-    else
-        FA_NAME(pack_kt_dt)(k, FA_DTYPE_F32, rs, D, nk, kt);
+#define FA_DTYPE_CALL(t) FA_NAME(pack_kt_dt)(k, t, rs, D, nk, kt)
+    FA_DTYPE_SWITCH(dt)
+#undef FA_DTYPE_CALL
 }
 
 /* ------------------------------------------------------------------------- */
@@ -279,11 +276,11 @@ static FA_ALWAYS_INLINE FA_TARGET int FA_NAME(load_row_dt)(const void *src, int 
 static FA_TARGET int FA_NAME(load_row)(const void *src, int dt, int64_t n, float *dst,
                                        int64_t ahead)
 {
-    if (dt == FA_DTYPE_F16)
-        return FA_NAME(load_row_dt)(src, FA_DTYPE_F16, n, dst, ahead);
-    if (dt == FA_DTYPE_BF16)
-        return FA_NAME(load_row_dt)(src, FA_DTYPE_BF16, n, dst, ahead);
-    return FA_NAME(load_row_dt)(src, FA_DTYPE_F32, n, dst, ahead);
+    int ok = 0;
+#define FA_DTYPE_CALL(t) ok = FA_NAME(load_row_dt)(src, t, n, dst, ahead)
+    FA_DTYPE_SWITCH(dt)
+#undef FA_DTYPE_CALL
+    return ok;
 }
 
 /* ------------------------------------------------------------------------- */
@@ -402,12 +399,9 @@ static FA_TARGET void FA_NAME(few_pv)(const float *p, int64_t nr, const void *v,
                                       int from, float *tile)
 {
     (void)room;
-    if (dt == FA_DTYPE_F16)
-        FA_NAME(few_pv_dt)(p, nr, v, FA_DTYPE_F16, ld, Dvp, nk, from, tile);
-    else if (dt == FA_DTYPE_BF16)
-        FA_NAME(few_pv_dt)(p, nr, v, FA_DTYPE_BF16, ld, Dvp, nk, from, tile);
-    else
-        FA_NAME(few_pv_dt)(p, nr, v, FA_DTYPE_F32, ld, Dvp, nk, from, tile);
+#define FA_DTYPE_CALL(t) FA_NAME(few_pv_dt)(p, nr, v, t, ld, Dvp, nk, from, tile)
+    FA_DTYPE_SWITCH(dt)
+#undef FA_DTYPE_CALL
 }
 
 #include "kernels.inc"

@@ -148,12 +148,9 @@ static FA_ALWAYS_INLINE FA_TARGET void pack_kt_dt_avx2(const void *k, int dt, in
 static FA_TARGET void FA_NAME(pack_kt)(const void *k, int dt, int64_t rs, int64_t D, int64_t nk,
                                    int64_t room, float *kt)
 {
-    if (dt == FA_DTYPE_F16)
-        pack_kt_dt_avx2(k, FA_DTYPE_F16, rs, D, nk, room, kt);
-    else if (dt == FA_DTYPE_BF16)
-        pack_kt_dt_avx2(k, FA_DTYPE_BF16, rs, D, nk, room, kt);
-    else
-        pack_kt_dt_avx2(k, FA_DTYPE_F32, rs, D, nk, room, kt);
+#define FA_DTYPE_CALL(t) pack_kt_dt_avx2(k, t, rs, D, nk, room, kt)
+    FA_DTYPE_SWITCH(dt)
+#undef FA_DTYPE_CALL
 }
 
 /* dst[0..n) = src[0..n) (dtype dt) converted to float32; 1 if all are
@@ -218,11 +215,11 @@ static FA_TARGET int FA_NAME(row_finite)(const float *x, int64_t n, int64_t ahea
 static FA_TARGET int FA_NAME(load_row)(const void *src, int dt, int64_t n, float *dst,
                                    int64_t ahead)
 {
-    if (dt == FA_DTYPE_F16)
-        return load_row_dt_avx2(src, FA_DTYPE_F16, n, dst, ahead);
-    if (dt == FA_DTYPE_BF16)
-        return load_row_dt_avx2(src, FA_DTYPE_BF16, n, dst, ahead);
-    return load_row_dt_avx2(src, FA_DTYPE_F32, n, dst, ahead);
+    int ok = 0;
+#define FA_DTYPE_CALL(t) ok = load_row_dt_avx2(src, t, n, dst, ahead)
+    FA_DTYPE_SWITCH(dt)
+#undef FA_DTYPE_CALL
+    return ok;
 }
 
 /*

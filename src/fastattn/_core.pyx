@@ -151,6 +151,21 @@ def varlen_offsets(const int64_t[::1] cu, int64_t heads, int64_t group, int64_t 
     return out
 
 
+def dtype_table():
+    """The element types of k and v that the kernels read (csrc/dtypes.h), as
+    a tuple of (name, code, bytes, block) rows: the NumPy dtype's name
+    (bfloat16: ml_dtypes'), its code in the kernels' arguments, and the bytes
+    of a block of `block` elements (1 for a plain element type)."""
+    cdef int i, code, nbytes, block
+    cdef const char *name
+    rows = []
+    for i in range(fa_dtype_count()):
+        fa_dtype_row(i, &code, &name, &nbytes, &block)
+        rows.append((name.decode(), code, nbytes, block))
+    return tuple(rows)
+
+
+DTYPE_CODES = {row[0]: row[1] for row in dtype_table()}  # NumPy name -> code
 DTYPE_F32 = FA_DTYPE_F32
 DTYPE_F16 = FA_DTYPE_F16
 DTYPE_BF16 = FA_DTYPE_BF16
