@@ -18,7 +18,9 @@
  * of the work for the threads (decoding: one query row per head) has each of
  * its chunks as a work item of its own, and the partials are folded
  * afterwards in the same order, with the same bits. One thread policy
- * (plan_build, plan_run) serves SDPA, the weights and packed batches.
+ * (plan_build, plan_run) serves every operation of the op table (fa_op:
+ * SDPA, packed batches of it, the weights), each a unit function and, for
+ * an operation whose units may be split, a fold.
  * Working memory is O(threads x tile), plus the partials of split units
  * (capped at FA_MAX_PARTIAL bytes).
  */
@@ -846,8 +848,64 @@ static int plan_build(const fa_attn_args *a, int64_t nprob, int split, int nthre
     return FA_OK;
 }
 
-/* Runs the SDPA (weights == NULL) or weights kernel over the plan's items. */
-static int plan_run(const fa_plan *pl, float *out, float *lse, float *weights, int nt)
+/* The outputs of a call: SDPA's out and lse, or the weights. */
+typedef struct {
+    float *out, *lse, *weights;
+} fa_outputs;
+
+/*
+ * An operation over work units, one row of the op table: its unit (the
+ * variant's driver, kernels.inc, through the kernel table) and, where its
+ * units may be split into key chunks (splits = 1), its fold, which combines a
+ * split unit's partials (nchunks of them, in chunk order) into the outputs.
+ * The thread policy (plan_build, plan_run) is the same for every operation.
+ */
+typedef struct {
+    const char *name;
+    int splits;
+    void (*unit)(const fa_kernel_table *k, const fa_attn_args *a, const fa_unit *u,
+                 const fa_outputs *o, fa_scratch *w, const fa_partial *part);
+    void (*fold)(const fa_kernel_table *k, const fa_attn_args *a, const fa_unit *u,
+                 const fa_plan *pl, int64_t slot, int64_t nchunks, const fa_outputs *o,
+                 fa_scratch *w);
+} fa_op;
+
+static void sdpa_unit(const fa_kernel_table *k, const fa_attn_args *a, const fa_unit *u,
+                      const fa_outputs *o, fa_scratch *w, const fa_partial *part)
+{
+    k->sdpa_unit(a, u, o->out, o->lse, w, part);
+}
+
+/* The partials of a split unit folded into the row totals (mt, lt, acct)
+ * in chunk order, then its output rows and lse written from them. */
+static void sdpa_fold(const fa_kernel_table *k, const fa_attn_args *a, const fa_unit *u,
+                      const fa_plan *pl, int64_t slot, int64_t nchunks, const fa_outputs *o,
+                      fa_scratch *w)
+{
+    const int64_t nr = u->nh * u->nq, nrmax = pl->nrmax, Dvp = pl->Dvp;
+    int64_t r, c;
+    for (r = 0; r < nr; r++) {
+        w->mt[r] = -INFINITY;
+        w->lt[r] = 0.0;
+    }
+    for (c = 0; c < nchunks; c++)
+        k->merge_chunk(nr, Dvp, pl->pm + (slot + c) * nrmax, pl->pl + (slot + c) * nrmax,
+                       pl->pacc + (slot + c) * nrmax * Dvp, w->mt, w->lt, w->acct);
+    k->finish_rows(a, u, Dvp, w->mt, w->lt, w->acct, o->out, o->lse);
+}
+
+static void weights_unit(const fa_kernel_table *k, const fa_attn_args *a, const fa_unit *u,
+                         const fa_outputs *o, fa_scratch *w, const fa_partial *part)
+{
+    (void)part; /* (never split) */
+    k->weights_unit(a, u, o->weights, w);
+}
+
+static const fa_op fa_op_sdpa = {"sdpa", 1, sdpa_unit, sdpa_fold};
+static const fa_op fa_op_weights = {"weights", 0, weights_unit, NULL};
+
+/* Runs operation op over the plan's items, nt threads. */
+static int plan_run(const fa_plan *pl, const fa_op *op, const fa_outputs *o, int nt)
 {
     const fa_kernel_table *kern = fa_active_kernels();
     const int64_t nrmax = pl->nrmax, Dvp = pl->Dvp;
@@ -861,7 +919,7 @@ static int plan_run(const fa_plan *pl, float *out, float *lse, float *weights, i
 #endif
     {
         fa_scratch w;
-        int64_t t, n, c, r;
+        int64_t t, n;
         int ok;
         if (nt > 1) {
             const double now = fa_now();
@@ -890,18 +948,16 @@ static int plan_run(const fa_plan *pl, float *out, float *lse, float *weights, i
             w.vflag_nt = p->vflag_nt;
             for (n = it->n; n < it->n_end; n++) {
                 const fa_unit u = unit_at(p->a, &p->g, n, it->chunk);
-                if (weights) {
-                    kern->weights_unit(p->a, &u, weights, &w);
-                } else if (it->chunk >= 0) {
+                if (it->chunk >= 0) {
                     const int64_t s = it->slot + (n - it->n) * (it->c_hi - it->c_lo)
                                       + (it->chunk - it->c_lo);
                     fa_partial part;
                     part.m = pl->pm + s * nrmax;
                     part.l = pl->pl + s * nrmax;
                     part.acc = pl->pacc + s * nrmax * Dvp;
-                    kern->sdpa_unit(p->a, &u, out, lse, &w, &part);
+                    op->unit(kern, p->a, &u, o, &w, &part);
                 } else {
-                    kern->sdpa_unit(p->a, &u, out, lse, &w, NULL);
+                    op->unit(kern, p->a, &u, o, &w, NULL);
                 }
             }
         }
@@ -916,17 +972,8 @@ static int plan_run(const fa_plan *pl, float *out, float *lse, float *weights, i
                     continue; /* (a thread without memory left partials unwritten) */
                 for (n = f->n; n < f->n_end; n++) {
                     const fa_unit u = unit_at(p->a, &p->g, n, -1);
-                    const int64_t nr = u.nh * u.nq;
-                    const int64_t s0 = f->slot + (n - f->n) * (f->c_hi - f->c_lo);
-                    for (r = 0; r < nr; r++) {
-                        w.mt[r] = -INFINITY;
-                        w.lt[r] = 0.0;
-                    }
-                    for (c = 0; c < f->c_hi - f->c_lo; c++)
-                        kern->merge_chunk(nr, Dvp, pl->pm + (s0 + c) * nrmax,
-                                       pl->pl + (s0 + c) * nrmax,
-                                       pl->pacc + (s0 + c) * nrmax * Dvp, w.mt, w.lt, w.acct);
-                    kern->finish_rows(p->a, &u, Dvp, w.mt, w.lt, w.acct, out, lse);
+                    op->fold(kern, p->a, &u, pl, f->slot + (n - f->n) * (f->c_hi - f->c_lo),
+                             f->c_hi - f->c_lo, o, &w);
                 }
             }
         }
@@ -938,15 +985,19 @@ static int plan_run(const fa_plan *pl, float *out, float *lse, float *weights, i
     return status;
 }
 
-/* Plans and runs problems a[0..nprob). */
-static int run_problems(const fa_attn_args *a, int64_t nprob, float *out, float *lse,
-                        float *weights, int nthreads)
+/* Plans and runs operation op over problems a[0..nprob). */
+static int run_problems(const fa_attn_args *a, int64_t nprob, const fa_op *op, float *out,
+                        float *lse, float *weights, int nthreads)
 {
     fa_plan pl;
+    fa_outputs o;
     int nt = 1;
-    int status = plan_build(a, nprob, weights == NULL, nthreads, &pl, &nt);
+    int status = plan_build(a, nprob, op->splits, nthreads, &pl, &nt);
+    o.out = out;
+    o.lse = lse;
+    o.weights = weights;
     if (status == FA_OK)
-        status = plan_run(&pl, out, lse, weights, nt);
+        status = plan_run(&pl, op, &o, nt);
     plan_free(&pl);
     return status;
 }
@@ -960,7 +1011,7 @@ int fa_sdpa_f32(const fa_attn_args *a, float *out, float *lse, int nthreads)
         return FA_ERR_ARG;
     if (a->Dv == 0 && !lse)
         return FA_OK; /* nothing to write */
-    return run_problems(a, 1, out, lse, NULL, nthreads);
+    return run_problems(a, 1, &fa_op_sdpa, out, lse, NULL, nthreads);
 }
 
 int fa_attention_weights_f32(const fa_attn_args *a, float *weights, int nthreads)
@@ -988,7 +1039,7 @@ int fa_attention_weights_f32(const fa_attn_args *a, float *weights, int nthreads
         return FA_OK;
     if (!weights && w.nbatch > 0 && w.L > 0)
         return FA_ERR_ARG;
-    return run_problems(&w, 1, NULL, NULL, weights, nthreads);
+    return run_problems(&w, 1, &fa_op_weights, NULL, NULL, weights, nthreads);
 }
 
 int fa_varlen_f32(const fa_attn_args *a, int64_t nseq, const int64_t *cu_q,
@@ -1030,7 +1081,7 @@ int fa_varlen_f32(const fa_attn_args *a, int64_t nseq, const int64_t *cu_q,
         status = check_args(q, nthreads, 0, lse != NULL);
     }
     if (status == FA_OK)
-        status = run_problems(sa, nseq, out, lse, NULL, nthreads);
+        status = run_problems(sa, nseq, &fa_op_sdpa, out, lse, NULL, nthreads);
     free(sa);
     return status;
 }
