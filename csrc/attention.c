@@ -511,14 +511,14 @@ static void unit_keys(const fa_attn_args *a, const fa_unit *u, int64_t *lo, int6
  *   float32's rounding of s + M, more than 1024 below mk.
  * A row whose keys are all at finfo.min keeps them (they weigh equally).
  */
-int64_t fa_zero_tail(const fa_attn_args *a, const fa_unit *u, int64_t b, int64_t l, int64_t h)
+int64_t fa_zero_tail(const fa_attn_args *a, const fa_unit *u, int64_t b, int64_t l, int64_t h,
+                     fa_max_abs_fn max_abs)
 {
     const float *mrow = a->float_mask + a->mask_off[b];
     const int64_t ms = a->mask_ss, D = a->D;
     float mk = -INFINITY, mt = -INFINITY;
     float qmax = 0.0f, kmax = 0.0f;
     double dot, bound;
-    const fa_kernel_table *kern = fa_active_kernels();
     int64_t i, j, jk = l, c, s0, e, lo_u, hi_u;
     if (a->win_left >= 0 || a->seg_q || h <= l || u->nq < 16)
         return h;
@@ -545,14 +545,14 @@ int64_t fa_zero_tail(const fa_attn_args *a, const fa_unit *u, int64_t b, int64_t
     if (s0 >= e)
         return h;
     for (i = u->i0; i < u->i0 + u->nq; i++) { /* the unit's rows of item b */
-        const float x = kern->max_abs(a->q + a->q_off[b] + i * a->q_rs, FA_DTYPE_F32, D);
+        const float x = max_abs(a->q + a->q_off[b] + i * a->q_rs, FA_DTYPE_F32, D);
         qmax = x > qmax ? x : qmax;
     }
     for (j = s0 - 1; j < e; j++) { /* (j = s0 - 1: the key of mk first) */
-        const float x = kern->max_abs(fa_kv_tile(a, b, 0, j == s0 - 1 ? jk : j), a->k_dtype, D);
+        const float x = max_abs(fa_kv_tile(a, b, 0, j == s0 - 1 ? jk : j), a->k_dtype, D);
         kmax = x > kmax ? x : kmax;
         if (j >= s0 && a->Dv > 0
-            && kern->max_abs(fa_kv_tile(a, b, 1, j), a->v_dtype, a->Dv) == INFINITY)
+            && max_abs(fa_kv_tile(a, b, 1, j), a->v_dtype, a->Dv) == INFINITY)
             return h;
     }
     dot = 2.0 * (double)D * (double)qmax * (double)kmax;

@@ -31,7 +31,7 @@
  * and unit_geometry). */
 #define FA_BQ 192
 #define FA_BQ_IN_PLACE 96
-#define FA_BK 64 /* keys per tile */
+#define FA_BK FA_KEY_TILE /* keys per tile (fastattn.h: pages hold whole tiles) */
 #define FA_NR 16 /* columns of a micro-kernel block: Dv is padded to it */
 /* Keys per chunk (a multiple of FA_BK). A row's keys are reduced chunk by
  * chunk from key 0: an online softmax within a chunk, then the chunk's
@@ -131,15 +131,17 @@ typedef struct {
                         const float *acc, float *M, double *L, float *A);
     void (*finish_rows)(const fa_attn_args *a, const fa_unit *u, int64_t Dvp, const float *M,
                         const double *L, const float *A, float *out, float *lse);
-    /* The largest magnitude among n elements of dtype dt, +inf if one is
-     * not finite. */
-    float (*max_abs)(const void *p, int dt, int64_t n);
 } fa_kernel_table;
+
+/* The largest magnitude among n elements of dtype dt, +inf if one is not
+ * finite (each variant's, kernels.inc). */
+typedef float (*fa_max_abs_fn)(const void *p, int dt, int64_t n);
 
 /* The end of item b's float key-padding span [l, h) for unit u without its
  * trailing keys of exact zero weight (attention.c; shared by the variants'
- * unit_bounds). */
-int64_t fa_zero_tail(const fa_attn_args *a, const fa_unit *u, int64_t b, int64_t l, int64_t h);
+ * unit_bounds, which pass their max_abs). */
+int64_t fa_zero_tail(const fa_attn_args *a, const fa_unit *u, int64_t b, int64_t l, int64_t h,
+                     fa_max_abs_fn max_abs);
 
 /* Each variant's table, fa_kernels_<name> (variants.def; declared for
  * every line, defined by the kernel files of the variants a build has). */

@@ -55,6 +55,9 @@ enum {
 int fa_dtype_count(void);
 void fa_dtype_row(int i, int *code, const char **name, int *bytes, int *block);
 
+/* Keys of the kernels' tile: a paged cache's block_size is a multiple of it. */
+#define FA_KEY_TILE 64
+
 /* The elements [lo, hi) of an array that a call may touch, counted (in its
  * elements) from the element its offsets count from: negative strides reach
  * below it, so lo may be negative. An empty array is {0, 0}. */
@@ -77,7 +80,8 @@ typedef struct {
  * value row j of batch item b lie in page pg = block_table[bt_off[b] + j /
  * block_size], at k + pg * k_ps + k_off[b] + (j % block_size) * k_rs (v
  * likewise with v_ps, v_off, v_rs). block_size must be a positive multiple of
- * 64 (the key tile); every entry used (j < S) must lie in [0, num_pages).
+ * FA_KEY_TILE (a page holds whole key tiles); every entry used (j < S) must
+ * lie in [0, num_pages).
  *
  * Query row i sits at key position p = i + S - L (bottom-right alignment).
  * Scores, in natural units and this order: s = scale (q . k); with softcap > 0,

@@ -7,8 +7,10 @@
 #ifndef FA_TOOLS_KERNELS_ONLY_H
 #define FA_TOOLS_KERNELS_ONLY_H
 
-int64_t fa_zero_tail(const fa_attn_args *a, const fa_unit *u, int64_t b, int64_t l, int64_t h)
+int64_t fa_zero_tail(const fa_attn_args *a, const fa_unit *u, int64_t b, int64_t l, int64_t h,
+                     fa_max_abs_fn max_abs)
 {
+    (void)max_abs;
     (void)a;
     (void)u;
     (void)b;

@@ -15,6 +15,7 @@ cdef extern from "fastattn.h" nogil:
     int FA_DTYPE_F32
     int FA_DTYPE_F16
     int FA_DTYPE_BF16
+    int FA_KEY_TILE
     int fa_dtype_count()
     void fa_dtype_row(int i, int *code, const char **name, int *bytes, int *block)
 

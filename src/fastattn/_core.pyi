@@ -16,6 +16,7 @@ DTYPE_F32: int
 DTYPE_F16: int
 DTYPE_BF16: int
 DTYPE_CODES: Dict[str, int]
+KEY_TILE: int
 
 def rowwise(x: npt.NDArray[np.float32], out: npt.NDArray[np.float32], nrows: int, n: int,
             op: int, nthreads: int) -> None: ...

@@ -166,6 +166,7 @@ def dtype_table():
 
 
 DTYPE_CODES = {row[0]: row[1] for row in dtype_table()}  # NumPy name -> code
+KEY_TILE = FA_KEY_TILE  # keys of the kernels' tile: a paged cache's pages hold whole tiles
 DTYPE_F32 = FA_DTYPE_F32
 DTYPE_F16 = FA_DTYPE_F16
 DTYPE_BF16 = FA_DTYPE_BF16
