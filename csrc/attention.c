@@ -1,7 +1,7 @@
 /*
  * attention.c -- fused scaled dot-product attention with an online softmax:
  * argument checks, work units, threads (the per-unit kernels are in
- * kernels.inc, one copy per SIMD variant).
+ * driver.inc, one copy per SIMD variant).
  *
  * Work is split into units of at most FA_BQ query rows that share their k and
  * v (one head's query tile, or the query heads of one GQA/MQA group), handed
@@ -118,7 +118,7 @@ static int scratch_alloc(fa_scratch *w, int64_t D, int64_t Dv, int64_t bq)
         *slots[i] = base + offs[i];
 #ifdef FA_ASAN
         /* all bits set (a NaN): what a kernel reads before it writes shows
-         * (kernels.inc's qt_tile checks its padding rows) */
+         * (unit_common.inc's qt_tile checks its padding rows) */
         memset(base + offs[i], 0xFF, sizes[i]);
         ASAN_POISON_MEMORY_REGION(base + offs[i] + sizes[i],
                                   (i + 1 < FA_SCRATCH_BUFFERS ? offs[i + 1] : total) - offs[i] - sizes[i]);
@@ -855,7 +855,7 @@ typedef struct {
 
 /*
  * An operation over work units, one row of the op table: its unit (the
- * variant's driver, kernels.inc, through the kernel table) and, where its
+ * variant's driver, driver.inc, through the kernel table) and, where its
  * units may be split into key chunks (splits = 1), its fold, which combines a
  * split unit's partials (nchunks of them, in chunk order) into the outputs.
  * The thread policy (plan_build, plan_run) is the same for every operation.

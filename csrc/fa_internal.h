@@ -362,7 +362,7 @@ static inline void fa_stream_fence(void)
  * tile's rows once per block of MR query rows, and rows that far apart fall
  * into the same few L1 sets (64 sets of 64 bytes: 4 KiB), which then hold
  * only a fraction of the tile. Otherwise each unit copies (converts) every
- * value tile it meets into its scratch (kernels.inc's v_tile), and units of
+ * value tile it meets into its scratch (unit_common.inc's v_tile), and units of
  * FA_BQ rather than FA_BQ_IN_PLACE rows make half the copies a row (on the
  * Xeon of docs/performance.rst, 1.03-1.10x for (B, L, H, D) views and
  * half-precision values at L = S = 2048-4096; units of 192 rows that read

@@ -1,10 +1,11 @@
 /*
  * fa_kernels.h -- the per-SIMD-variant kernels and their run-time selection.
  *
- * csrc/kernels.inc is compiled once per variant (kernels_generic.c,
- * kernels_avx2.c, ...) into a table of function pointers; dispatch.c picks one
- * table at import from the CPU's features (or FASTATTN_SIMD), and the drivers
- * in rowwise.c and attention.c call through it.
+ * Each variant of variants.def is one kernel file, csrc/kernels_<name>.c:
+ * its micro-kernels (microkernels.h) and the unit driver (driver.inc)
+ * compiled over them into a table of function pointers; dispatch.c picks one
+ * table at import from the CPU's features (or FASTATTN_SIMD), and
+ * rowwise.c and attention.c's op table call through it.
  */
 #ifndef FA_KERNELS_H
 #define FA_KERNELS_H
@@ -46,7 +47,7 @@
  * blocks. */
 #define FA_FEW_ROWS 8
 /* Keys a step of a few-rows unit of several kv heads over interleaved rows
- * (kernels.inc's sdpa_unit): a multiple of the AVX-512 score kernel's block
+ * (op_sdpa.inc's sdpa_unit): a multiple of the AVX-512 score kernel's block
  * of 16 keys, which writes 16 columns, that divides FA_BK. */
 #define FA_FEW_SUBK 16
 
@@ -134,7 +135,7 @@ typedef struct {
 } fa_kernel_table;
 
 /* The largest magnitude among n elements of dtype dt, +inf if one is not
- * finite (each variant's, kernels.inc). */
+ * finite (each variant's, unit_common.inc). */
 typedef float (*fa_max_abs_fn)(const void *p, int dt, int64_t n);
 
 /* The end of item b's float key-padding span [l, h) for unit u without its

@@ -1,4 +1,4 @@
-/* The AVX2 + FMA (+ F16C) kernels: the unit driver (kernels.inc) compiled for
+/* The AVX2 + FMA (+ F16C) kernels: the unit driver (driver.inc) compiled for
  * that target by attribute (so the rest of the build stays baseline), over
  * the eight-lane vector vocabulary (vec_avx2.h) and its math (vec_math.h),
  * the x86 row kernels (x86_rows.h), and this file's micro-kernels: a 6 x 16
@@ -23,7 +23,7 @@
 
 /* One 6 x 16 block of C = (A . B) scale in twelve ymm accumulators, one fused
  * multiply-add per element and step of d, d ascending; with alpha, C = C *
- * alpha + A . B (kernels.inc's gemm_block). */
+ * alpha + A . B (microkernels.h's gemm_block). */
 static FA_ALWAYS_INLINE FA_TARGET void FA_NAME(gemm_block)(const float *a, int64_t ars,
                                                           int64_t ads, const float *b,
                                                           int64_t ldb, int64_t K, float *c,
@@ -93,7 +93,7 @@ static FA_ALWAYS_INLINE FA_TARGET void FA_NAME(gemm_block)(const float *a, int64
 }
 
 /*
- * Whole tiles with the unit's rows as the lanes (kernels.inc's qt_tile):
+ * Whole tiles with the unit's rows as the lanes (unit_common.inc's qt_tile):
  * q^T in blocks of eight rows, each key's element broadcast from k's row in
  * place, maxima and sums lane by lane across registers. Each score is
  * gemm_block's sum (d ascending from 0, one fused multiply-add a step, then
@@ -259,7 +259,7 @@ static FA_TARGET int FA_NAME(qt_exp)(float *pt, int64_t ldp, int64_t nrt, const 
 }
 
 /*
- * The few-rows kernels (see kernels.inc): the products of gemm_block_avx2 for
+ * The few-rows kernels (microkernels.h): the products of gemm_block_avx2 for
  * nr <= FA_FEW_ROWS query rows, k and v read in place. Scores: eight keys at
  * a time (rows rs elements of dtype dt apart, converted as pack_kt does),
  * transposed in registers (load_transpose8_avx2), one fused multiply-add per key
@@ -329,7 +329,7 @@ static FA_TARGET void FA_NAME(few_scores)(const float *q, int64_t nr, const void
  * the nr rows, the value rows read in place (ld elements of dtype dt apart,
  * Dvp of them a row, converted by load8_avx2): gemm_block_avx2's sum, one
  * fused multiply-add per key, jj ascending from 0 (from: going on from the
- * tile's value, as kernels.inc's few_pv), 16 columns at a time. nr
+ * tile's value, as microkernels.h's few_pv), 16 columns at a time. nr
  * and dt are constants in each inlined copy. The value rows of the tile that
  * follows, where they do (ahead: fa_ahead's distance), are fetched ahead, a
  * line at a time as these are read. */
@@ -389,7 +389,7 @@ static FA_TARGET void FA_NAME(few_pv)(const float *p, int64_t nr, const void *v,
 #undef FA_DTYPE_CALL
 }
 
-#include "kernels.inc"
+#include "driver.inc"
 #else
 typedef int fa_no_avx2_variant; /* ISO C forbids an empty translation unit */
 #endif

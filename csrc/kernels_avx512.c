@@ -1,5 +1,5 @@
 /* The AVX-512 kernels (F, VL, BW, DQ, with AVX2 + FMA + F16C): the unit
- * driver (kernels.inc) compiled for this target, over the sixteen-lane
+ * driver (driver.inc) compiled for this target, over the sixteen-lane
  * vector vocabulary (vec_avx512.h) and its math (vec_math.h), the x86 row
  * kernels (x86_rows.h, eight lanes, as the AVX2 variant has them), and this
  * file's micro-kernels: FA_MR rows of FA_NR = 16 columns, one zmm
@@ -40,7 +40,7 @@
 
 /* One FA_MR x 16 block of C = (A . B) scale: row r of A broadcast, one row
  * of B per step of d loaded once for all the rows; with alpha, C = C * alpha
- * + A . B (kernels.inc's gemm_block). */
+ * + A . B (microkernels.h's gemm_block). */
 static FA_ALWAYS_INLINE FA_TARGET void gemm_block_avx512(const float *a, int64_t ars,
                                                         int64_t ads, const float *b,
                                                         int64_t ldb, int64_t K, float *c,
@@ -124,7 +124,7 @@ static FA_ALWAYS_INLINE FA_TARGET void gemm_block2_avx512(const float *a, int64_
 
 /*
  * Whole key tiles of units with no float mask, soft cap or general segment
- * ids (kernels.inc's qt_tile: a row's bounds, a shared key-padding mask and
+ * ids (unit_common.inc's qt_tile: a row's bounds, a shared key-padding mask and
  * ALiBi come in as -inf or the bias, lane by lane): the scores with the
  * unit's rows as the lanes. q^T in blocks of sixteen rows (row r, element d
  * at (r / 16) 16 D + 16 d + r % 16), each key's element broadcast from k's
@@ -359,7 +359,7 @@ static FA_ALWAYS_INLINE FA_TARGET __m512 load16_avx512(const void *p, int dt)
     return cvt16_avx512(_mm256_loadu_si256((const __m256i *)p), dt);
 }
 
-/* The few-rows P.V (kernels.inc's few_pv; the AVX2 one's sum, one fused
+/* The few-rows P.V (microkernels.h's few_pv; the AVX2 one's sum, one fused
  * multiply-add per key, jj ascending from 0, for each element) in 16-lane
  * registers, W of them a row: columns [c, c + 16 W) of the nr rows over the
  * keys, the value rows read in place (ld elements of dtype dt apart); the
@@ -475,7 +475,7 @@ static FA_TARGET void few_pv_avx512(const float *p, int64_t nr, const void *v, i
 }
 
 /*
- * The few-rows scores (kernels.inc's few_scores: s[r * FA_BK + jj] = q_r . k_jj,
+ * The few-rows scores (microkernels.h's few_scores: s[r * FA_BK + jj] = q_r . k_jj,
  * one fused multiply-add per step of d, d ascending from 0, as the
  * micro-kernel sums) sixteen keys at a time in 16-lane registers: register i
  * of a step holds keys i and i + 8 (eight elements of each, one per 256-bit
@@ -569,7 +569,7 @@ static FA_ALWAYS_INLINE FA_TARGET int64_t kt_band16_avx512(const char *base, int
     return d;
 }
 
-/* A block of `lanes` query rows d by d (kernels.inc: pack_rows's FA_MR = 12,
+/* A block of `lanes` query rows d by d (unit_common.inc: pack_rows's FA_MR = 12,
  * pack_qt's FA_QT_LANES = 16): dst[d * lanes + i] = rows[i][d] for i < n
  * and d < D, 0 for n <= i < lanes, eight elements of the rows a step
  * transposed as kt_band16_avx512 transposes keys (rows from `lanes` on of
@@ -840,7 +840,7 @@ static FA_TARGET void few_scores_avx512(const float *q, int64_t nr, const void *
 }
 
 #include "x86_rows.h"
-#include "kernels.inc"
+#include "driver.inc"
 #else
 typedef int fa_no_avx512_variant; /* ISO C forbids an empty translation unit */
 #endif

@@ -2,7 +2,7 @@
  * The portable kernels: C99 for the build's baseline instruction set, written
  * for the compiler to vectorise (fixed-size blocks, LANES independent sums,
  * no calls in inner loops); the micro-kernels of microkernels.h, then the
- * unit driver (kernels.inc).
+ * unit driver (driver.inc).
  */
 #define FA_NAME(x) x##_generic
 #define FA_VARIANT_NAME "generic"
@@ -404,4 +404,4 @@ static FA_TARGET void FA_NAME(few_pv)(const float *p, int64_t nr, const void *v,
 #undef FA_DTYPE_CALL
 }
 
-#include "kernels.inc"
+#include "driver.inc"

@@ -10,7 +10,7 @@
  * (at float32 rounding; float64 sums would make the merge compute-bound). The
  * sums run in partial order p = 0, 1, ...: a row's bits depend only on its
  * inputs, never on the thread count. Non-finite rules (those of
- * finish_rows in kernels.inc for one call):
+ * finish_rows in op_sdpa.inc for one call):
  *   - a partial with lse_p = -inf is skipped: its o_p is never read;
  *   - all -inf (or P = 0): o = 0, lse = -inf;
  *   - any NaN lse_p: o NaN, lse NaN; else any +inf lse_p: o NaN, lse +inf.

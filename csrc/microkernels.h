@@ -1,12 +1,12 @@
 /*
  * microkernels.h -- what a SIMD variant's kernel file gives the unit driver
- * (kernels.inc): its geometry and its micro-kernels.
+ * (driver.inc): its geometry and its micro-kernels.
  *
  * A kernel file (csrc/kernels_<name>.c, one line of variants.def) defines
  * FA_TARGET (a target attribute, or nothing), FA_NAME(x) (x with the
  * variant's suffix), FA_VARIANT_NAME and FA_MR, includes fa_internal.h and
  * this file, defines every function declared below (static, named by
- * FA_NAME) and FA_EXP_DIFF, then includes kernels.inc, which builds the
+ * FA_NAME) and FA_EXP_DIFF, then includes driver.inc, which builds the
  * variant's table (fa_kernels_<name>) from them. A function declared here
  * and not defined stops the build where the driver uses it.
  *
@@ -16,7 +16,7 @@
  * to fetch ahead (0: none). Every product is a sum from +0, one term at a
  * time in d (or key) order; a variant may fuse each multiply-add (one
  * rounding) or not, but its few-rows kernels and its micro-kernel must give
- * a row the same bits (see kernels.inc's sdpa_unit).
+ * a row the same bits (see op_sdpa.inc's sdpa_unit).
  */
 #ifndef FA_MICROKERNELS_H
 #define FA_MICROKERNELS_H
@@ -107,7 +107,7 @@ static FA_TARGET void FA_NAME(few_pv)(const float *p, int64_t nr, const void *v,
  *   (n real, the rest zero) copied d by d into dst (element d of row r at
  *   d lanes + r). */
 /* FA_HAVE_QT_TILE, with FA_QT_LANES and FA_QT_ROWS: the rows-as-lanes tile
- *   kernels qt_scores and qt_exp (see kernels.inc's qt_tile for their
+ *   kernels qt_scores and qt_exp (see unit_common.inc's qt_tile for their
  *   contract). */
 
 #endif /* FA_MICROKERNELS_H */

@@ -7,7 +7,7 @@
  * Non-finite rules follow IEEE arithmetic on that formula (as SciPy does):
  * a NaN anywhere makes the row NaN; a +inf makes softmax/log_softmax NaN and
  * logsumexp +inf; an all -inf row gives NaN / NaN / -inf.
- * The row kernels (kernels.inc, kernels_avx2.c) accumulate the sum in float64
+ * The row kernels (kernels_generic.c, x86_rows.h) accumulate the sum in float64
  * over a fixed number of lanes, in an order fixed by the row length, so a
  * row's result never depends on the thread count.
  */

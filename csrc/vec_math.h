@@ -119,7 +119,7 @@ static FA_ALWAYS_INLINE FA_TARGET fa_vf vf_exp2_masked(fa_vf x, fa_vf mv, fa_vf 
 }
 
 typedef char FA_NAME(tile_is_whole_registers)[FA_BK % FA_VL == 0 ? 1 : -1];
-/* The tile softmax step (see the portable versions in kernels.inc), FA_VL
+/* The tile softmax step (see the portable versions in kernels_generic.c), FA_VL
  * lanes at a time: the larger of m and a tile's row of scores s[0..nc) (NaN
  * if any is NaN; nc a multiple of FA_VL). */
 static FA_TARGET float FA_NAME(tile_max)(const float *s, int64_t nc, float m)

@@ -40,10 +40,12 @@ def test_included_files_follows_the_kernels_includes(setup_module_):
     found = setup_module_.included_files(str(ROOT / "csrc" / "kernels_avx512.c"),
                                          [str(ROOT / "csrc")])
     names = {Path(path).name for path in found}
-    # kernels_avx512.c includes vec_math.h and x86_rows.h, which include
-    # fa_internal.h and x86_lanes8.h; fa_kernels.h includes variants.def
+    # kernels_avx512.c includes vec_math.h, x86_rows.h (which includes
+    # x86_lanes8.h) and driver.inc (which includes the operations' files);
+    # fa_kernels.h includes variants.def, fastattn.h dtypes.h
     assert {"kernels_avx512.c", "vec_avx512.h", "vec_math.h", "x86_rows.h", "x86_lanes8.h",
-            "kernels.inc", "fa_internal.h", "fa_kernels.h", "fastattn.h", "variants.def"} <= names
+            "driver.inc", "unit_common.inc", "op_sdpa.inc", "op_weights.inc", "microkernels.h",
+            "fa_internal.h", "fa_kernels.h", "fastattn.h", "variants.def", "dtypes.h"} <= names
     assert "kernels_avx2.c" not in names  # no kernel file includes another
     assert "immintrin.h" not in names  # the compiler's own headers are not followed
 
