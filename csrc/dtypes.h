@@ -15,7 +15,7 @@
  *        (fa_internal.h)
  *
  * Adding a type: a row here, its `at` function, and its branch in each
- * kernel that reads k or v through FA_DTYPE_SWITCH (docs/dev/
+ * kernel with conversions of its own (FA_DTYPES_KNOWN marks them; docs/dev/
  * add-element-type.rst).
  */
 #ifndef FA_DTYPES_H
@@ -25,5 +25,12 @@
     X(F32, 0, "float32", 4, 1, fa_f32_at)   /* float32 */                                          \
     X(F16, 1, "float16", 2, 1, fa_f16_at)   /* IEEE 754 binary16, as its uint16 bits */            \
     X(BF16, 2, "bfloat16", 2, 1, fa_bf16_at) /* the top 16 bits of a float32, as uint16 bits */
+
+/* The rows of the table. Kernels with conversions of their own for each
+ * type assert the count they know (FA_DTYPES_KNOWN), so that a new row stops
+ * the build there until they learn it, rather than reading it as another. */
+#define FA_DTYPE_PLUS_ONE(NAME, code, name, bytes, block, at) +1
+#define FA_DTYPE_COUNT (0 FA_DTYPES(FA_DTYPE_PLUS_ONE))
+#define FA_DTYPES_KNOWN(tag, n) typedef char tag[FA_DTYPE_COUNT == (n) ? 1 : -1]
 
 #endif /* FA_DTYPES_H */

@@ -38,6 +38,9 @@
 #error "FA_ROWS12 names twelve rows"
 #endif
 
+/* (these conversions know float32, float16 and bfloat16) */
+FA_DTYPES_KNOWN(fa_avx512_kernels_know_f32_f16_bf16, 3);
+
 /* One FA_MR x 16 block of C = (A . B) scale: row r of A broadcast, one row
  * of B per step of d loaded once for all the rows; with alpha, C = C * alpha
  * + A . B (microkernels.h's gemm_block). */

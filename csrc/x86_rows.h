@@ -18,6 +18,9 @@
 #include <immintrin.h>
 #include <math.h>
 
+/* (these conversions know float32, float16 and bfloat16) */
+FA_DTYPES_KNOWN(fa_x86_rows_know_f32_f16_bf16, 3);
+
 /* Eight half-precision elements (the bits in h) of dtype dt as float32:
  * F16C's exact float16 conversion, bfloat16 by a shift into the top half. */
 static FA_ALWAYS_INLINE FA_TARGET __m256 cvt8_avx2(__m128i h, int dt)
