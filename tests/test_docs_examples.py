@@ -3,14 +3,13 @@ with the same setup and flags as ``make -C docs doctest`` (which also runs
 every docstring's Examples). Skipped where the docs are not at hand (the
 installed wheel tested from outside the source tree)."""
 import doctest
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import fastattn
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+from conftest import DOCS
 PAGES = sorted(p for p in DOCS.rglob("*.rst")
                if "_build" not in p.parts and "generated" not in p.parts
                and "auto_examples" not in p.parts) if DOCS.is_dir() else []

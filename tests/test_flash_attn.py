@@ -19,6 +19,8 @@ import fastattn
 import fastattn.flash_attn as fa
 from fastattn.flash_attn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 
+from conftest import randn
+
 TOL = dict(rtol=2e-5, atol=2e-5)
 
 
@@ -81,10 +83,6 @@ def rope_model(x, cos, sin, positions, interleaved):
     z = (x[..., a] + 1j * x[..., b]) * rot
     x[..., a], x[..., b] = z.real, z.imag
     return x
-
-
-def randn(rng, *shape):
-    return rng.standard_normal(shape).astype(np.float32)
 
 
 # ----------------------------------------------------------------------------

@@ -15,26 +15,9 @@ import pytest
 import fastattn
 from fastattn import _core
 
-from conftest import assert_new_c_float32, assert_same_bits, qkv, randn
-
-try:
-    import ml_dtypes
-except ImportError:  # pragma: no cover - ml_dtypes is in the test extra
-    ml_dtypes = None
+from conftest import HALF, HALF_IDS, assert_new_c_float32, assert_same_bits, ml_dtypes, qkv, randn
 
 sdpa = fastattn.scaled_dot_product_attention
-PATHS = _core.simd_available()
-HALF = [np.float16] + ([ml_dtypes.bfloat16] if ml_dtypes is not None else [])
-HALF_IDS = ["float16"] + (["bfloat16"] if ml_dtypes is not None else [])
-
-
-@pytest.fixture(params=PATHS)
-def simd(request):
-    """Run a test on each kernel path this CPU has, then restore the default."""
-    before = fastattn.show_config(print_=False)["simd"]
-    _core.select_simd(request.param)
-    yield request.param
-    _core.select_simd(before)
 
 
 def f32(a):

@@ -17,21 +17,17 @@ import fastattn
 from fastattn import _core
 from fastattn.flash_attn import flash_attn_with_kvcache
 
-try:
-    import ml_dtypes
-except ImportError:  # pragma: no cover - ml_dtypes is in the test extra
-    ml_dtypes = None
+from conftest import HALF, randn
 
 sdpa = fastattn.scaled_dot_product_attention
 OFFSETS = [1, 2, 4, 36]
-HALF = [np.float16] + ([ml_dtypes.bfloat16] if ml_dtypes is not None else [])
 
 
-@pytest.fixture(params=_core.simd_available())
-def simd(request, monkeypatch):
-    """Run a test on each kernel path this CPU has, then restore the default;
-    meanwhile every array handed to the compiled core must be element-aligned
-    (sdpa_plain checks its own arguments and declines misaligned ones)."""
+@pytest.fixture
+def aligned_core(monkeypatch):
+    """Every array handed to the compiled core must be element-aligned while
+    the test runs (sdpa_plain checks its own arguments and declines
+    misaligned ones)."""
     def guarded(name, fn):
         def call(*args, **kwargs):
             for a in list(args) + list(kwargs.values()):
@@ -45,10 +41,6 @@ def simd(request, monkeypatch):
         if callable(fn) and not name.startswith("_") and name not in ("sdpa_plain",) \
                 and not isinstance(fn, type):
             monkeypatch.setattr(_core, name, guarded(name, fn))
-    before = fastattn.show_config(print_=False)["simd"]
-    _core.select_simd(request.param)
-    yield request.param
-    _core.select_simd(before)
 
 
 def at(a, off):
@@ -62,10 +54,6 @@ def at(a, off):
     return out
 
 
-def randn(rng, *shape, dtype=np.float32):
-    return rng.standard_normal(shape, dtype=np.float32).astype(dtype)
-
-
 def same(got, want):
     for g, w in zip(got if isinstance(got, tuple) else (got,),
                     want if isinstance(want, tuple) else (want,)):
@@ -76,7 +64,7 @@ def same(got, want):
 @pytest.mark.parametrize("off", OFFSETS)
 @pytest.mark.parametrize("case", ["float-mask", "bool-mask", "causal", "decode-gqa",
                                   "token-major", "options"])
-def test_sdpa(simd, off, case):
+def test_sdpa(simd, aligned_core, off, case):
     """The general path (masks), the common-case fast path, the few-rows
     (decoding) path and strided (B, L, H, D) views."""
     rng = np.random.default_rng(off)
@@ -112,18 +100,18 @@ def test_sdpa(simd, off, case):
 @pytest.mark.parametrize("off", OFFSETS)
 @pytest.mark.parametrize("dtype", HALF, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("L", [1, 20])
-def test_sdpa_half_kv(simd, off, dtype, L):
+def test_sdpa_half_kv(simd, aligned_core, off, dtype, L):
     """float16 / bfloat16 k and v at any address (element-aligned ones read in place)."""
     rng = np.random.default_rng(7 + off)
     q = randn(rng, 1, 8, L, 64)
-    k, v = randn(rng, 1, 2, 200, 64, dtype=dtype), randn(rng, 1, 2, 200, 64, dtype=dtype)
+    k, v = randn(rng, 1, 2, 200, 64).astype(dtype), randn(rng, 1, 2, 200, 64).astype(dtype)
     want = sdpa(q, k.astype(np.float32), v.astype(np.float32), enable_gqa=True)
     same(sdpa(at(q, off), at(k, off), at(v, off), enable_gqa=True), want)
 
 
 @pytest.mark.parametrize("off", OFFSETS)
 @pytest.mark.parametrize("op", ["softmax", "log_softmax", "logsumexp"])
-def test_rowwise(simd, off, op):
+def test_rowwise(simd, aligned_core, off, op):
     rng = np.random.default_rng(off)
     x = randn(rng, 5, 333) * 4
     f = getattr(fastattn, op)
@@ -137,7 +125,7 @@ def test_rowwise(simd, off, op):
 
 
 @pytest.mark.parametrize("off", OFFSETS)
-def test_attention_weights_varlen_merge(simd, off):
+def test_attention_weights_varlen_merge(simd, aligned_core, off):
     rng = np.random.default_rng(11 + off)
     q, k, v = randn(rng, 2, 3, 17, 24), randn(rng, 2, 3, 90, 24), randn(rng, 2, 3, 90, 24)
     mask = randn(rng, 17, 90)
@@ -159,7 +147,7 @@ def test_attention_weights_varlen_merge(simd, off):
 
 @pytest.mark.parametrize("off", OFFSETS)
 @pytest.mark.parametrize("block_size", [8, 64])
-def test_kvcache_paged(simd, off, block_size):
+def test_kvcache_paged(simd, aligned_core, off, block_size):
     """flash_attn_with_kvcache on a paged cache (block size 64: the kernel reads
     the pages in place) and new keys at any address."""
     rng = np.random.default_rng(13 + off)

@@ -9,16 +9,7 @@ import pytest
 import fastattn
 from fastattn import _core
 
-PATHS = _core.simd_available()
-
-
-@pytest.fixture(params=PATHS)
-def simd(request):
-    """Run a test on each kernel path this CPU has, then restore the default."""
-    before = fastattn.show_config(mode="dicts")["simd"]
-    _core.select_simd(request.param)
-    yield request.param
-    _core.select_simd(before)
+from conftest import SIMD_PATHS as PATHS
 
 
 def _ulp_error(got, want64):
