@@ -4,6 +4,12 @@ The oracle is ``fastattn.reference`` (float64 inside, float32 out).  The
 helpers here that compute expected values *without* the reference
 (``allowed_keys``, ``naive_sdpa``, ``softmax64``) exist so that the oracle
 itself can be checked against independent hand computations.
+
+Fixtures: ``rng`` (a generator seeded from the test's id), ``threads``
+(``fastattn.set_num_threads``, the default restored afterwards), ``simd``
+(the test once per SIMD kernel path this CPU runs) and ``setup_module_``
+(setup.py as a module, for the build tests). docs/dev/testing.rst says how
+the suite is laid out and which file holds which rule.
 """
 
 import importlib.util
@@ -12,6 +18,7 @@ import os
 import re
 import shutil
 import sys
+import tracemalloc
 import zlib
 from pathlib import Path
 
@@ -163,6 +170,17 @@ def readonly(a):
     a = np.array(a, copy=True)
     a.setflags(write=False)
     return a
+
+
+def traced_peak(fn):
+    """The most bytes that Python and NumPy held at once, counted from zero,
+    while fn() ran (a copy of an input shows as at least its size)."""
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
 
 
 def allowed_keys(L, S, *, is_causal=False, window=None, mask=None):

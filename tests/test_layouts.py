@@ -1,14 +1,22 @@
-"""Inputs at any byte address: every kernel path gives the bits of aligned copies.
+"""How inputs lie in memory: read in place where possible, copied once where not.
 
-NumPy arrays need not start at an aligned address: ``np.frombuffer(buf,
-np.float32, offset=1)`` (or a view into a byte buffer, a memory-mapped file,
-a slice of a packed record) gives float32 elements at odd addresses, and
-even an element-aligned array is rarely aligned to a cache line or a SIMD
-register. No kernel may assume either: arrays that are not element-aligned
-are copied once (NumPy's own ``flags.aligned``), element-aligned ones are read
-in place with unaligned loads. Each case compares, bit for bit, the call on
-arrays placed at byte offsets 1, 2, 4 and 36 from a 64-byte boundary with the
-call on the same values in fresh (aligned) arrays, on every SIMD path.
+A C-contiguous float32 input is used as it is. Attention reads q, k and v in
+place whenever their rows (last axis) are contiguous, whatever their other
+strides: a (B, L, H, D) array viewed as (B, H, L, D), reversed or stepped
+rows, broadcast heads; the result is bitwise that of their contiguous copies,
+and no copy of their size is made. Rows that are not contiguous, or elements
+that are not aligned, are copied once, with the same result.
+
+Any byte address: NumPy arrays need not start at an aligned address
+(``np.frombuffer(buf, np.float32, offset=1)``, a view into a byte buffer, a
+memory-mapped file, a slice of a packed record gives float32 elements at odd
+addresses), and even an element-aligned array is rarely aligned to a cache
+line or a SIMD register. No kernel may assume either: arrays that are not
+element-aligned are copied once (NumPy's own ``flags.aligned``), element-aligned
+ones are read in place with unaligned loads. Each case compares, bit for bit,
+the call on arrays placed at byte offsets 1, 2, 4 and 36 from a 64-byte
+boundary with the call on the same values in fresh (aligned) arrays, on every
+SIMD path.
 """
 import numpy as np
 import pytest
@@ -17,11 +25,145 @@ import fastattn
 from fastattn import _core
 from fastattn.flash_attn import flash_attn_with_kvcache
 
-from conftest import HALF, randn
+from conftest import (HALF, HALF_IDS, assert_new_c_float32, assert_same_bits, qkv, randn,
+                      traced_peak)
 
 sdpa = fastattn.scaled_dot_product_attention
 OFFSETS = [1, 2, 4, 36]
 
+
+# ---------------------------------------------------- used and read in place
+
+def test_c_contiguous_float32_inputs_are_used_in_place(rng):
+    # documented: a C-contiguous float32 input is not copied; anything else is
+    # copied once (here: float64, converted to float32).
+    q = rng.standard_normal((4, 512, 256), dtype=np.float32)  # 2 MiB
+    out = np.empty_like(q)
+    assert traced_peak(lambda: fastattn.scaled_dot_product_attention(q, q, q, out=out)) \
+        < q.nbytes // 4
+    x = rng.standard_normal((1024, 512), dtype=np.float32)
+    y = np.empty_like(x)
+    assert traced_peak(lambda: fastattn.softmax(x, out=y)) < x.nbytes // 4
+    q64 = q.astype(np.float64)
+    assert traced_peak(lambda: fastattn.scaled_dot_product_attention(q64, q64, q64, out=out)) \
+        >= q.nbytes
+
+
+def _blhd(rng, B, L, H, D, dtype=np.float32):
+    """A (B, L, H, D) array (as a projection's output is laid out) and its
+    (B, H, L, D) view."""
+    x = randn(rng, B, L, H, D).astype(dtype)
+    return x, x.swapaxes(-3, -2)
+
+
+@pytest.mark.parametrize("kvdtype", [np.float32] + HALF, ids=["float32"] + HALF_IDS)
+@pytest.mark.parametrize("gqa", [False, True])
+def test_blhd_views_are_read_in_place(simd, rng, kvdtype, gqa):
+    Hq, Hkv = (6, 2) if gqa else (4, 4)
+    _, q = _blhd(rng, 2, 33, Hq, 24)
+    _, k = _blhd(rng, 2, 150, Hkv, 24, kvdtype)
+    _, v = _blhd(rng, 2, 150, Hkv, 20, kvdtype)
+    assert not q.flags.c_contiguous
+    for kw in ({}, dict(is_causal=True), dict(window=(9, 0))):
+        got = sdpa(q, k, v, enable_gqa=gqa, return_lse=True, **kw)
+        want = sdpa(np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v),
+                    enable_gqa=gqa, return_lse=True, **kw)
+        assert_new_c_float32(got[0])
+        assert_same_bits(got[0], want[0])
+        assert_same_bits(got[1], want[1])
+    assert_same_bits(fastattn.attention_weights(q, k, enable_gqa=gqa),
+                     fastattn.attention_weights(np.ascontiguousarray(q), np.ascontiguousarray(k),
+                                                enable_gqa=gqa))
+
+
+@pytest.mark.parametrize("gqa", [False, True])
+@pytest.mark.parametrize("kvdtype", [np.float32, np.float16], ids=["float32", "float16"])
+def test_units_that_copy_their_value_tiles_keep_the_bits(simd, rng, threads, gqa, kvdtype):
+    # Value rows 1 KiB apart (4 kv heads of 64 floats, a (B, L, H, D) view)
+    # or in float16 are copied tile by tile, and such units take up to 192
+    # query rows where the contiguous float32 call's take up to 96: each
+    # row's bits are the same, whatever rows share its unit and on any
+    # number of threads.
+    Hq, Hkv = (8, 4) if gqa else (4, 4)
+    for L, S in [(400, 400), (250, 300)]:
+        _, q = _blhd(rng, 2, L, Hq, 64)
+        _, k = _blhd(rng, 2, S, Hkv, 64, kvdtype)
+        _, v = _blhd(rng, 2, S, Hkv, 64, kvdtype)
+        assert v.strides[-2] * 4 // v.itemsize % 1024 == 0
+        args = [np.ascontiguousarray(x, np.float32) for x in (q, k, v)]
+        for kw in ({}, dict(is_causal=True), dict(window=(70, 5))):
+            want = sdpa(*args, enable_gqa=gqa, return_lse=True, **kw)
+            for n in (1, 2, 3):
+                threads(n)
+                got = sdpa(q, k, v, enable_gqa=gqa, return_lse=True, **kw)
+                assert_same_bits(got[0], want[0])
+                assert_same_bits(got[1], want[1])
+
+
+@pytest.mark.parametrize("view", ["reversed-rows", "reversed-heads", "row-step", "broadcast-k",
+                                  "sliced-features", "padded-rows", "length-1-rows"])
+def test_other_row_contiguous_views(simd, rng, view):
+    q, k, v = qkv(rng, (2, 3, 21, 16), (2, 3, 70, 16), (2, 3, 70, 12))
+    if view == "reversed-rows":
+        q, k, v = q[..., ::-1, :], k[..., ::-1, :], v[..., ::-1, :]
+    elif view == "reversed-heads":
+        q, k, v = q[:, ::-1], k[::-1, ::-1], v[::-1, ::-1]
+    elif view == "row-step":
+        q, k, v = q[..., ::2, :], k[..., ::3, :], v[..., ::3, :]
+    elif view == "broadcast-k":
+        k = np.broadcast_to(k[:, :1], k.shape)
+        v = np.broadcast_to(v[:1], v.shape)
+    elif view == "sliced-features":  # a row is a contiguous slice of a longer one
+        k = np.concatenate([k, k], axis=-1)[..., 3:19]
+        v = np.concatenate([v, v], axis=-1)[..., 1:13]
+    elif view == "padded-rows":
+        big = np.zeros((2, 3, 70, 40), np.float32)
+        big[..., 5:21] = k
+        k = big[..., 5:21]
+    else:
+        q = q[..., :1, :]
+    got = sdpa(q, k, v, is_causal=True, return_lse=True)
+    want = sdpa(np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v),
+                is_causal=True, return_lse=True)
+    assert_same_bits(got[0], want[0])
+    assert_same_bits(got[1], want[1])
+
+
+def test_unaligned_and_odd_stride_inputs_are_copied(rng):
+    # Rows that are not whole aligned elements cannot be read in place: the
+    # one copy gives the same result.
+    q, k, v = qkv(rng, (2, 7, 8), (2, 9, 8), (2, 9, 8))
+    raw = np.zeros(k.nbytes + 1, np.uint8)
+    ku = raw[1:].view(np.float32).reshape(k.shape)  # misaligned by one byte
+    ku[...] = k
+    assert not ku.flags.aligned
+    assert_same_bits(sdpa(q, ku, v), sdpa(q, k, v))
+    rec = np.zeros((2, 9, 8), [("x", np.float32), ("pad", np.int8)])  # strides of 5 bytes
+    rec["x"] = k
+    assert_same_bits(sdpa(q, rec["x"], v), sdpa(q, k, v))
+
+
+@pytest.mark.parametrize("kvdtype", [np.float32, np.float16], ids=["float32", "float16"])
+def test_blhd_views_make_no_copy(rng, kvdtype):
+    # the documented promise: (B, L, H, D) viewed as (B, H, L, D) is not copied.
+    _, q = _blhd(rng, 1, 512, 8, 64)    # 1 MiB each
+    _, k = _blhd(rng, 1, 512, 8, 64, kvdtype)
+    _, v = _blhd(rng, 1, 512, 8, 64, kvdtype)
+    out = np.empty((1, 8, 512, 64), np.float32)
+    sdpa(q, k, v, out=out)
+    peak = traced_peak(lambda: sdpa(q, k, v, out=out, is_causal=True))
+    smallest = min(q.nbytes, k.nbytes, v.nbytes)
+    assert peak < smallest // 4, f"{peak} bytes traced: an input was copied"
+
+
+def test_row_non_contiguous_inputs_are_copied_once_and_equal(rng):
+    q, k, v = qkv(rng, (2, 7, 8), (2, 9, 8), (2, 9, 6))
+    kt = np.ascontiguousarray(k.swapaxes(-1, -2)).swapaxes(-1, -2)  # features strided
+    got = sdpa(np.asfortranarray(q), kt, v.astype(np.float16))
+    assert_same_bits(got, sdpa(q, k, v.astype(np.float16).astype(np.float32)))
+
+
+# ------------------------------------------------------------ any byte address
 
 @pytest.fixture
 def aligned_core(monkeypatch):
@@ -64,7 +206,7 @@ def same(got, want):
 @pytest.mark.parametrize("off", OFFSETS)
 @pytest.mark.parametrize("case", ["float-mask", "bool-mask", "causal", "decode-gqa",
                                   "token-major", "options"])
-def test_sdpa(simd, aligned_core, off, case):
+def test_sdpa_at_any_address(simd, aligned_core, off, case):
     """The general path (masks), the common-case fast path, the few-rows
     (decoding) path and strided (B, L, H, D) views."""
     rng = np.random.default_rng(off)
@@ -100,7 +242,7 @@ def test_sdpa(simd, aligned_core, off, case):
 @pytest.mark.parametrize("off", OFFSETS)
 @pytest.mark.parametrize("dtype", HALF, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("L", [1, 20])
-def test_sdpa_half_kv(simd, aligned_core, off, dtype, L):
+def test_half_kv_at_any_address(simd, aligned_core, off, dtype, L):
     """float16 / bfloat16 k and v at any address (element-aligned ones read in place)."""
     rng = np.random.default_rng(7 + off)
     q = randn(rng, 1, 8, L, 64)
@@ -111,7 +253,7 @@ def test_sdpa_half_kv(simd, aligned_core, off, dtype, L):
 
 @pytest.mark.parametrize("off", OFFSETS)
 @pytest.mark.parametrize("op", ["softmax", "log_softmax", "logsumexp"])
-def test_rowwise(simd, aligned_core, off, op):
+def test_rowwise_at_any_address(simd, aligned_core, off, op):
     rng = np.random.default_rng(off)
     x = randn(rng, 5, 333) * 4
     f = getattr(fastattn, op)
@@ -125,7 +267,7 @@ def test_rowwise(simd, aligned_core, off, op):
 
 
 @pytest.mark.parametrize("off", OFFSETS)
-def test_attention_weights_varlen_merge(simd, aligned_core, off):
+def test_weights_varlen_merge_at_any_address(simd, aligned_core, off):
     rng = np.random.default_rng(11 + off)
     q, k, v = randn(rng, 2, 3, 17, 24), randn(rng, 2, 3, 90, 24), randn(rng, 2, 3, 90, 24)
     mask = randn(rng, 17, 90)
@@ -147,7 +289,7 @@ def test_attention_weights_varlen_merge(simd, aligned_core, off):
 
 @pytest.mark.parametrize("off", OFFSETS)
 @pytest.mark.parametrize("block_size", [8, 64])
-def test_kvcache_paged(simd, aligned_core, off, block_size):
+def test_paged_kvcache_at_any_address(simd, aligned_core, off, block_size):
     """flash_attn_with_kvcache on a paged cache (block size 64: the kernel reads
     the pages in place) and new keys at any address."""
     rng = np.random.default_rng(13 + off)

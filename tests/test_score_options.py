@@ -664,31 +664,3 @@ def test_causal_rows_of_the_diagonal_tile_have_the_bits_of_each_row_alone(rng, s
     assert_same_bits(np.isnan(o), np.isnan(ro))
 
 
-def test_bench_ratios_are_medians_of_per_round_ratios(monkeypatch):
-    # a fake clock: the second call takes twice the first, the host's speed
-    # changes in steps between rounds; each round's ratio stays 2
-    import fastattn._bench as bench
-    clock = [0.0]
-    speed = iter([1.0] * 2 + [3.0] * 6 + [1.5] * 6 + [1.0] * 6)
-    order = []
-
-    def call(n, cost):
-        def run():
-            order.append(n)
-            clock[0] += cost * next(speed)
-        return run
-    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
-    times, ratios = bench.ratios_alternated([call(0, 1.0), call(1, 2.0)], 9)
-    assert ratios == [1.0, 2.0]
-    assert times[0] == np.median([3.0] * 3 + [1.5] * 3 + [1.0] * 3)
-    assert order[2:6] == [0, 1, 1, 0]  # (after the warm-up round, the first rotates)
-
-
-def test_bench_options_prints_every_row(capsys):
-    import fastattn._bench as bench
-    rows = bench.options_grid(repeat=1, L=64, heads=2, D=8)
-    assert [name.split(",")[0].split(" (")[0] for name, _, _ in rows][:4] == [
-        "causal", "softcap=30", "alibi_slopes", "sinks"]
-    assert len(rows) == 12 and all(t > 0 and r > 0 for _, t, r in rows)
-    assert [name.split(":")[0] for name, _, _ in rows].count("floor") == 2
-    assert "medians of 7 rounds" in capsys.readouterr().out

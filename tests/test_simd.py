@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import fastattn
-from fastattn import _core
+from fastattn import _core, reference
 
 from conftest import SIMD_PATHS as PATHS
 
@@ -219,3 +219,27 @@ def test_whole_tile_kernels_give_the_general_paths_bits(simd, D, L, S):
     ref = fastattn.scaled_dot_product_attention(q, k, v, attn_mask=np.ones((2, 1, L, S), bool))
     np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
     np.testing.assert_array_equal(out[~np.isnan(out)], ref[~np.isnan(ref)])
+
+
+def test_units_whose_last_row_block_passes_the_lane_rows(simd, rng):
+    """Units of 13-16, 25-32, 61-64 and 121-160 query rows: the last block of
+    the micro-kernel's rows (12 with AVX-512, 6 with AVX2) reaches past the
+    rows the rows-as-lanes kernels compute (multiples of 32 and of 16). The
+    P.V product of those padding rows once multiplied whatever the scratch
+    held (leftover denormals made whole calls 2-4x slower, from process to
+    process); they must add zeros. The results are the reference's here; the
+    sanitizer build (tools/sanitize.sh) also fills each new scratch with NaNs
+    and aborts where those rows are not zeros."""
+    for L, vdt in [(16, np.float32), (30, np.float32), (32, np.float32), (64, np.float32),
+                   (128, np.float16), (160, np.float16)]:
+        q = rng.standard_normal((2, 2, L, 32), dtype=np.float32)
+        k = rng.standard_normal((2, 2, L + 5, 32), dtype=np.float32)
+        v = rng.standard_normal((2, 2, L + 5, 32), dtype=np.float32).astype(vdt)
+        mask = np.ones((2, 1, 1, L + 5), bool)
+        mask[1, ..., -3:] = False  # a key-padding mask: the same kernels
+        for causal in (False, True):
+            got = fastattn.scaled_dot_product_attention(q, k, v, mask, is_causal=causal)
+            want = reference.scaled_dot_product_attention(
+                q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), mask,
+                is_causal=causal)
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

@@ -74,6 +74,12 @@ def test_set_num_threads_invalid_type(threads, n):
         fastattn.set_num_threads(n)
 
 
+def test_absurd_thread_counts_are_rejected_at_set_time():
+    with pytest.raises(ValueError, match="n must be"):
+        fastattn.set_num_threads(2**40)
+    assert fastattn.softmax(np.ones(3, np.float32)).shape == (3,)
+
+
 def test_threadpoolctl_limits_apply(threads):
     outside = fastattn.get_num_threads()
     assert outside >= 1
