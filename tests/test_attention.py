@@ -281,6 +281,17 @@ def test_array_like_inputs(rng):
     assert_same_bits(got, sdpa(q, k, v))
 
 
+def test_results_are_new_arrays_and_inputs_untouched(rng):
+    q, k, v = qkv(rng, (3, 5, 4), (3, 6, 4), (3, 6, 2))
+    copies = [a.copy() for a in (q, k, v)]
+    o = sdpa(q, k, v)
+    assert_new_c_float32(o)
+    for a in (q, k, v):
+        assert not np.shares_memory(o, a)
+    for a, c in zip((q, k, v), copies):
+        assert_same_bits(a, c)
+
+
 # -------------------------------------------------------------------- scale
 
 def test_scale_none_is_inverse_sqrt_d(rng):
@@ -488,17 +499,6 @@ def test_huge_scores_do_not_overflow(rng):
     top = scores == scores.max(-1, keepdims=True)
     expected = (top[..., None] * v[:, None]).sum(-2) / top.sum(-1)[..., None]
     assert_close(o, expected, rtol=1e-6, atol=1e-7)
-
-
-def test_results_are_new_arrays_and_inputs_untouched(rng):
-    q, k, v = qkv(rng, (3, 5, 4), (3, 6, 4), (3, 6, 2))
-    copies = [a.copy() for a in (q, k, v)]
-    o = sdpa(q, k, v)
-    assert_new_c_float32(o)
-    for a in (q, k, v):
-        assert not np.shares_memory(o, a)
-    for a, c in zip((q, k, v), copies):
-        assert_same_bits(a, c)
 
 
 # ------------------------------------------------------------------- memory
