@@ -202,9 +202,9 @@ def test_attention_weights_match_naive(rng):
 
 
 def test_core_attention_takes_keywords_and_the_weights_no_values(rng):
-    # _core.attention: every argument after q, k, v by keyword (it had 26
-    # positional ones); the weights kernel reads no values, so v and v_off
-    # are None there, where a (1, 0) array was made up before.
+    # _core.attention takes every argument after q, k, v by keyword only (two
+    # dozen of them could not be told apart by position); the weights kernel
+    # reads no values, so v and v_off are None for it, not a made-up array.
     q = rng.standard_normal((2, 5, 8)).astype(np.float32)
     k = rng.standard_normal((2, 7, 8)).astype(np.float32)
     offs = np.array([0, 40], np.int64), np.array([0, 56], np.int64)

@@ -46,7 +46,8 @@ def _test_files():
     for path in (ROOT / "tests").glob("test_*.py"):
         src = path.read_text(encoding="utf-8")
         tests = set(re.findall(r"^def (test_\w+)\(", src, re.M))
-        titles = re.findall(r"^# -{4,} (.+)$", src, re.M) + re.findall(r"^# -{4,}\n# (.+)$", src, re.M)
+        titles = (re.findall(r"^# -{4,} (.+)$", src, re.M)
+                  + re.findall(r"^# -{4,}\n# (.+)$", src, re.M))
         files[path.name] = (tests, [t.strip().lower() for t in titles])
     return files
 

@@ -44,7 +44,7 @@ CASES = [
     ("mask-int", TypeError, r"attn_mask", _replace(), {"attn_mask": np.ones((L, S), np.int8)}),
     ("mask-complex", TypeError, r"attn_mask", _replace(), {"attn_mask": np.ones((L, S), np.complex64)}),
     ("mask-object", TypeError, r"attn_mask", _replace(), {"attn_mask": np.ones((L, S), object)}),
-    # shapes: q (..., L, D), k (..., S, D), v (..., S, Dv), D >= 1, batch dims broadcast
+    # shapes: q (..., L, D), k (..., S, D), v (..., S, Dv), D >= 1, the batch dims broadcast
     ("q-1d", ValueError, r"\bq\b", _replace(q=np.ones(D, np.float32)), {}),
     ("k-1d", ValueError, r"\bk\b", _replace(k=np.ones(D, np.float32)), {}),
     ("v-0d", ValueError, r"\bv\b", _replace(v=np.float32(1.0)), {}),
