@@ -106,10 +106,10 @@ def simd(request):
         _core.select_simd(before)
 
 
-def per_thread_count(threads, fn):
-    """fn() once for each of THREAD_COUNTS (set through the `threads` fixture)."""
+def per_thread_count(threads, fn, counts=THREAD_COUNTS):
+    """fn() once for each thread count (set through the `threads` fixture)."""
     results = []
-    for n in THREAD_COUNTS:
+    for n in counts:
         threads(n)
         assert fastattn.get_num_threads() == n
         results.append(fn())

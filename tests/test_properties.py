@@ -28,7 +28,7 @@ from hypothesis.extra import numpy as hnp
 import fastattn
 from fastattn import reference as ref
 
-from conftest import allowed_keys, assert_close, assert_same_bits
+from conftest import allowed_keys, assert_close, assert_same_bits, per_thread_count
 
 sdpa = fastattn.scaled_dot_product_attention
 POISON = [np.nan, np.inf, -np.inf]
@@ -326,10 +326,8 @@ def threaded_problems(draw):
 @given(threaded_problems())
 def test_sdpa_bitwise_equal_for_1_to_4_threads(threads, p):
     q, k, v, mask, kw = p
-    results = []
-    for n in (1, 2, 3, 4):
-        threads(n)
-        results.append(sdpa(q, k, v, mask, return_lse=True, **kw))
+    results = per_thread_count(threads, lambda: sdpa(q, k, v, mask, return_lse=True, **kw),
+                               (1, 2, 3, 4))
     for o, lse in results[1:]:
         assert_same_bits(o, results[0][0])
         assert_same_bits(lse, results[0][1])
@@ -339,10 +337,8 @@ def test_sdpa_bitwise_equal_for_1_to_4_threads(threads, p):
 @given(threaded_problems())
 def test_attention_weights_bitwise_equal_for_1_to_4_threads(threads, p):
     q, k, _, mask, kw = p
-    results = []
-    for n in (1, 2, 3, 4):
-        threads(n)
-        results.append(fastattn.attention_weights(q, k, mask, **kw))
+    results = per_thread_count(threads, lambda: fastattn.attention_weights(q, k, mask, **kw),
+                               (1, 2, 3, 4))
     for w in results[1:]:
         assert_same_bits(w, results[0])
 
@@ -404,10 +400,7 @@ def test_rowwise_with_nonfinite_values_match_reference(xa):
 def test_rowwise_bitwise_equal_for_1_to_4_threads_and_row_by_row(threads, xa, name):
     x, axis = xa
     fn = getattr(fastattn, name)
-    results = []
-    for n in (1, 2, 3, 4):
-        threads(n)
-        results.append(fn(x, axis=axis))
+    results = per_thread_count(threads, lambda: fn(x, axis=axis), (1, 2, 3, 4))
     for r in results[1:]:
         assert_same_bits(r, results[0])
     if x.ndim >= 2 and x.shape[0] > 1 and axis % x.ndim != 0:
