@@ -4,12 +4,21 @@ The oracle is ``fastattn.reference`` (float64 inside, float32 out).  The
 helpers here that compute expected values *without* the reference
 (``allowed_keys``, ``naive_sdpa``, ``softmax64``) exist so that the oracle
 itself can be checked against independent hand computations.
+
+Fixtures: ``rng`` (a generator seeded from the test's id), ``threads``
+(``fastattn.set_num_threads``, the default restored afterwards), ``simd``
+(the test once per SIMD kernel path this CPU runs) and ``setup_module_``
+(setup.py as a module, for the build tests). docs/dev/testing.rst says how
+the suite is laid out and which file holds which rule.
 """
 
 import importlib.util
 import math
 import os
 import re
+import shutil
+import sys
+import tracemalloc
 import zlib
 from pathlib import Path
 
@@ -18,7 +27,12 @@ import pytest
 from hypothesis import settings
 
 import fastattn
-from fastattn import reference
+from fastattn import _core, reference
+
+try:
+    import ml_dtypes
+except ImportError:  # pragma: no cover - ml_dtypes is in the test extra
+    ml_dtypes = None
 
 # derandomize: the same examples on every run, so CI is reproducible.
 # HYPOTHESIS_PROFILE=fastattn-sanitize (tools/sanitize.sh) runs fewer of them;
@@ -33,6 +47,29 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fastattn"))
 
 EPS32 = float(np.finfo(np.float32).eps)
 FMAX = float(np.finfo(np.float32).max)
+FMIN = float(np.finfo(np.float32).min)
+
+# The two implementations that share every signature and rule: tests of a
+# rule that both must keep take `mod` from these.
+IMPLS = [fastattn, reference]
+IMPL_IDS = ["fastattn", "reference"]
+
+# The half-precision dtypes k and v may have (bfloat16 where ml_dtypes is there).
+HALF = [np.float16] + ([ml_dtypes.bfloat16] if ml_dtypes is not None else [])
+HALF_IDS = ["float16"] + (["bfloat16"] if ml_dtypes is not None else [])
+
+# The thread counts the bitwise-determinism tests compare.
+THREAD_COUNTS = (1, 2, 3)
+
+# The SIMD kernel paths this CPU and build run ("generic" always).
+SIMD_PATHS = _core.simd_available()
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+DOCS = ROOT / "docs"
+SETUP_PY = ROOT / "setup.py"
+# The system C compiler (the build tests and the C kernel driver), or None.
+C_COMPILER = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
 
 # Compiled float32 kernel vs float64 reference, unit-scale random inputs.
 # The portable kernel stays within ~1e-6 absolute on the suite's shapes
@@ -54,6 +91,39 @@ def threads():
         yield fastattn.set_num_threads
     finally:
         fastattn.set_num_threads(None)
+
+
+@pytest.fixture(params=SIMD_PATHS)
+def simd(request):
+    """Run the test once on each SIMD kernel path this CPU runs (the value is
+    the path's name, selected with ``_core.select_simd``); the path selected
+    before is restored afterwards, whatever the test did."""
+    before = fastattn.show_config(mode="dicts")["simd"]
+    _core.select_simd(request.param)
+    try:
+        yield request.param
+    finally:
+        _core.select_simd(before)
+
+
+def per_thread_count(threads, fn, counts=THREAD_COUNTS):
+    """fn() once for each thread count (set through the `threads` fixture)."""
+    results = []
+    for n in counts:
+        threads(n)
+        assert fastattn.get_num_threads() == n
+        results.append(fn())
+    return results
+
+
+def load_example(name):
+    """Import examples/<name>.py as the module `name` (examples/ is not a package)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 def randn(rng, *shape, scale=1.0):
@@ -102,6 +172,17 @@ def readonly(a):
     return a
 
 
+def traced_peak(fn):
+    """The most bytes that Python and NumPy held at once, counted from zero,
+    while fn() ran (a copy of an input shows as at least its size)."""
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
 def allowed_keys(L, S, *, is_causal=False, window=None, mask=None):
     """(L, S) bool: key j allowed for query i, straight from the documented rules.
 
@@ -127,8 +208,11 @@ def allowed_keys(L, S, *, is_causal=False, window=None, mask=None):
 def naive_sdpa(q, k, v, allowed=None, float_mask=None, scale=None):
     """Loop-based float64 SDPA for 2-D q (L, D), k (S, D), v (S, Dv).
 
-    Returns (out, lse, weights) in float64.  Follows the documented rules / D4 literally:
-    only allowed keys (and keys whose float-mask entry is not -inf) are read.
+    Returns (out, lse, weights) in float64, following the documented rules
+    literally: only allowed keys (and keys whose float-mask entry is not -inf)
+    are read; a row with no allowed key, or only -inf scores, is 0 with lse
+    -inf; a NaN score makes the row NaN (lse NaN), else a +inf one makes it
+    NaN with lse +inf.
     """
     q = np.asarray(q, np.float64)
     k = np.asarray(k, np.float64)
@@ -265,7 +349,24 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(f"    to run them: {command}")
 
 
-SETUP_PY = Path(__file__).resolve().parent.parent / "setup.py"
+def build_compiler(cc=None):
+    """setuptools' compiler for this platform, set up as a build sets it up
+    (from CC, CFLAGS and Python's own configuration); `cc` stands for CC."""
+    from setuptools._distutils.ccompiler import new_compiler
+    from setuptools._distutils.sysconfig import customize_compiler
+
+    old = os.environ.get("CC")
+    if cc is not None:
+        os.environ["CC"] = cc
+    try:
+        compiler = new_compiler()
+        customize_compiler(compiler)
+    finally:
+        if old is None:
+            os.environ.pop("CC", None)
+        else:
+            os.environ["CC"] = old
+    return compiler
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,14 @@
 """scaled_dot_product_attention: shapes, broadcasting, GQA, layouts, scale,
-lse and non-finite scores (decisions D2-D7)."""
+lse and non-finite scores.
+
+The rules held here: leading dims broadcast by NumPy's rules (k with one head
+serves all: multi-query attention); with enable_gqa the head axis is -3 and
+query head h reads kv head h // (Hq // Hkv); D >= 1 while L, S and Dv may be
+0; scale=None is 1/sqrt(D) and any finite float is used as given (0: equal
+weights over the allowed keys); lse is the natural log of the sum of the
+exponentials of the allowed scaled scores; a NaN among the allowed scores (from
+q, k, a float mask or a v row that is read) makes the row NaN, a +inf score
+makes it NaN with lse +inf; huge finite scores never overflow."""
 
 import math
 
@@ -8,7 +17,7 @@ import pytest
 
 import fastattn
 
-from conftest import (assert_close, assert_new_c_float32, assert_same_bits,
+from conftest import (IMPL_IDS, IMPLS, assert_close, assert_new_c_float32, assert_same_bits,
                       compare_sdpa, naive_sdpa, qkv, randn, readonly)
 
 sdpa = fastattn.scaled_dot_product_attention
@@ -191,6 +200,15 @@ def test_gqa_with_extra_leading_dims_and_mask(rng):
                 assert_same_bits(o[a, b, h], oh)
 
 
+@pytest.mark.parametrize("mod", IMPLS, ids=IMPL_IDS)
+def test_gqa_with_no_query_heads_gives_an_empty_result(mod):
+    q = np.ones((2, 0, 3, 4), np.float32)
+    kv = np.ones((2, 2, 5, 4), np.float32)
+    out, lse = mod.scaled_dot_product_attention(q, kv, kv, enable_gqa=True, return_lse=True)
+    assert out.shape == (2, 0, 3, 4) and lse.shape == (2, 0, 3)
+    assert mod.attention_weights(q, kv, enable_gqa=True).shape == (2, 0, 3, 5)
+
+
 # ------------------------------------------------------------ input layouts
 
 def _variants(a):
@@ -261,6 +279,17 @@ def test_array_like_inputs(rng):
     q, k, v = qkv(rng, (3, 2), (4, 2), (4, 2))
     got = sdpa(q.tolist(), k.tolist(), v.tolist())
     assert_same_bits(got, sdpa(q, k, v))
+
+
+def test_results_are_new_arrays_and_inputs_untouched(rng):
+    q, k, v = qkv(rng, (3, 5, 4), (3, 6, 4), (3, 6, 2))
+    copies = [a.copy() for a in (q, k, v)]
+    o = sdpa(q, k, v)
+    assert_new_c_float32(o)
+    for a in (q, k, v):
+        assert not np.shares_memory(o, a)
+    for a, c in zip((q, k, v), copies):
+        assert_same_bits(a, c)
 
 
 # -------------------------------------------------------------------- scale
@@ -379,7 +408,7 @@ def test_nan_in_float_mask_gives_nan_row(rng):
 
 
 def test_posinf_score_gives_nan_row_and_inf_lse(rng):
-    # D4: m = +inf -> output NaN, lse +inf
+    # the row's largest score is +inf: its output is NaN and its lse +inf
     q, k, v = qkv(rng, (4, 3), (5, 3), (5, 2))
     fm = np.zeros((4, 5), np.float32)
     fm[1, 3] = np.inf
@@ -417,6 +446,46 @@ def test_non_finite_values_in_a_tile_many_units_read(rng, threads):
     assert np.isfinite(o[1, :250]).all() and np.isnan(o[1, 250:, 5]).all()
 
 
+@pytest.mark.parametrize("mod", IMPLS, ids=IMPL_IDS)
+def test_minus_inf_score_plus_inf_float_mask_is_nan(mod):
+    # IEEE: -inf + inf is NaN, and a NaN among the allowed scores is a NaN row.
+    q = np.array([[1.0, 0.0]], np.float32)
+    k = np.array([[-np.inf, 0.0], [1.0, 0.0]], np.float32)
+    out = mod.scaled_dot_product_attention(q, k, np.eye(2, dtype=np.float32),
+                                           np.array([[np.inf, 0.0]], np.float32))
+    assert np.isnan(out).all()
+
+
+def _two_allowed_keys(nan_key_first, S=200):
+    """One query, two allowed keys (bool mask) in different key tiles: one with
+    score -100 and a NaN value row, one with score +100. The NaN key's weight
+    exp(-200) is positive (about 1e-87), so o = w0 * NaN + w1 * 5 is NaN."""
+    q = np.ones((1, 1), np.float32)
+    k = np.zeros((S, 1), np.float32)
+    v = np.zeros((S, 1), np.float32)
+    lo, hi = (0, S - 1) if nan_key_first else (S - 1, 0)
+    k[lo], k[hi] = -1.0, 1.0
+    v[lo], v[hi] = np.nan, 5.0
+    mask = np.zeros((1, S), bool)
+    mask[0, [lo, hi]] = True
+    return q, k, v, mask
+
+
+@pytest.mark.parametrize("mod", IMPLS, ids=IMPL_IDS)
+@pytest.mark.parametrize("nan_key_first", [True, False], ids=["nan-key-first", "nan-key-last"])
+@pytest.mark.parametrize("scale", [100.0, 1e30])
+def test_nan_value_row_with_underflowing_weight(mod, nan_key_first, scale):
+    # documented: o_i = sum over allowed j of w_ij v_j; only keys that are not
+    # allowed (or whose score is -inf, which is weight 0) are skipped. An allowed key with a finite
+    # score has a positive weight, so a NaN in its value row makes o_i NaN,
+    # whatever the key order. (The kernel used to skip value rows whose float32
+    # weight had underflowed to 0 when it saw the underflow in the key tile
+    # being processed, so the result depended on the key order.)
+    q, k, v, mask = _two_allowed_keys(nan_key_first)
+    o = mod.scaled_dot_product_attention(q, k, v, mask, scale=scale)
+    assert np.isnan(o).all()
+
+
 def test_huge_scores_do_not_overflow(rng):
     # Integer q, k times powers of two and a power-of-two scale: every score
     # is exact in float32 and up to ~1e35, distinct scores differ by >= 2**110.
@@ -430,17 +499,6 @@ def test_huge_scores_do_not_overflow(rng):
     top = scores == scores.max(-1, keepdims=True)
     expected = (top[..., None] * v[:, None]).sum(-2) / top.sum(-1)[..., None]
     assert_close(o, expected, rtol=1e-6, atol=1e-7)
-
-
-def test_results_are_new_arrays_and_inputs_untouched(rng):
-    q, k, v = qkv(rng, (3, 5, 4), (3, 6, 4), (3, 6, 2))
-    copies = [a.copy() for a in (q, k, v)]
-    o = sdpa(q, k, v)
-    assert_new_c_float32(o)
-    for a in (q, k, v):
-        assert not np.shares_memory(o, a)
-    for a, c in zip((q, k, v), copies):
-        assert_same_bits(a, c)
 
 
 # ------------------------------------------------------------------- memory

@@ -7,20 +7,16 @@ around the real one, so this runs in about a second.
 The test needs the source tree's setup.py and a C compiler; it is skipped
 where either is missing (the installed wheel tested from outside the tree).
 """
-import os
-import shutil
 import stat
 import sys
-from pathlib import Path
 
 import pytest
 
-SETUP_PY = Path(__file__).resolve().parent.parent / "setup.py"
-REAL_CC = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+from conftest import C_COMPILER, SETUP_PY, build_compiler
 
 pytestmark = [
     pytest.mark.skipif(not SETUP_PY.exists(), reason="needs the source tree's setup.py"),
-    pytest.mark.skipif(REAL_CC is None, reason="needs a C compiler"),
+    pytest.mark.skipif(C_COMPILER is None, reason="needs a C compiler"),
     pytest.mark.skipif(sys.platform == "win32", reason="the wrappers are POSIX shell scripts"),
 ]
 
@@ -33,19 +29,7 @@ def _wrapper(tmp_path, body):
 
 
 def _compiler(cc):
-    from setuptools._distutils.ccompiler import new_compiler
-    from setuptools._distutils.sysconfig import customize_compiler
-
-    old = os.environ.get("CC")
-    os.environ["CC"] = cc
-    try:
-        compiler = new_compiler()
-        customize_compiler(compiler)
-    finally:
-        if old is None:
-            del os.environ["CC"]
-        else:
-            os.environ["CC"] = old
+    compiler = build_compiler(cc)
     if compiler.compiler_type != "unix":
         pytest.skip("the wrappers stand in for a unix compiler")
     # the probes link plain executables with the same wrapper
@@ -55,7 +39,7 @@ def _compiler(cc):
 
 NO_FOPENMP = ('for a in "$@"; do case "$a" in *fopenmp*) '
               'echo "cc: error: unsupported option \'$a\'" >&2; exit 1;; esac; done\n'
-              f'exec "{REAL_CC}" "$@"\n')
+              f'exec "{C_COMPILER}" "$@"\n')
 
 
 def test_compiler_without_openmp_fails_with_how_to(setup_module_, tmp_path):
@@ -94,7 +78,7 @@ def test_no_compiler_says_so_first(setup_module_, tmp_path):
 
 
 def test_working_openmp_compiler_gets_the_flags(setup_module_, tmp_path):
-    compiler = _compiler(REAL_CC)
+    compiler = _compiler(C_COMPILER)
     try:
         flags = setup_module_.openmp_build_flags(compiler, environ={})
     except SystemExit as exc:  # this machine's compiler has no OpenMP

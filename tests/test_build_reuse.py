@@ -8,19 +8,16 @@ compiler; skipped where either is missing (the installed wheel tested from
 outside the tree).
 """
 import os
-import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-SETUP_PY = ROOT / "setup.py"
-REAL_CC = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+from conftest import C_COMPILER, ROOT, SETUP_PY, build_compiler
 
 pytestmark = pytest.mark.skipif(not SETUP_PY.exists(), reason="needs the source tree's setup.py")
 # the temporary sources are compiled with a unix compiler's flags
-needs_cc = pytest.mark.skipif(REAL_CC is None or sys.platform == "win32",
+needs_cc = pytest.mark.skipif(C_COMPILER is None or sys.platform == "win32",
                               reason="needs a unix C compiler")
 
 
@@ -50,15 +47,6 @@ def test_included_files_follows_the_kernels_includes(setup_module_):
     assert "immintrin.h" not in names  # the compiler's own headers are not followed
 
 
-def _compiler():
-    from setuptools._distutils.ccompiler import new_compiler
-    from setuptools._distutils.sysconfig import customize_compiler
-
-    compiler = new_compiler()
-    customize_compiler(compiler)
-    return compiler
-
-
 @needs_cc
 def test_objects_are_kept_until_source_include_or_flags_change(setup_module_, tmp_path,
                                                                 monkeypatch, capsys):
@@ -70,7 +58,7 @@ def test_objects_are_kept_until_source_include_or_flags_change(setup_module_, tm
     Path("src/b.c").write_text('#include "shared.h"\n#include "body.inc"\n')
     Path("src/c.c").write_text("int c(void) { return 3; }\n")
     sources = ["src/a.c", "src/b.c", "src/c.c"]
-    compiler = _compiler()
+    compiler = build_compiler()
     setup_module_.parallel_reusing_compile(compiler, jobs=2)
 
     def build(flags=("-O1",)):
@@ -105,7 +93,7 @@ def test_a_failed_compile_leaves_no_key(setup_module_, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     Path("good.c").write_text("int good(void) { return 0; }\n")
     Path("bad.c").write_text("int bad(void) { return }\n")
-    compiler = _compiler()
+    compiler = build_compiler()
     setup_module_.parallel_reusing_compile(compiler, jobs=2)
     with pytest.raises(Exception):
         compiler.compile(["good.c", "bad.c"], output_dir="build")

@@ -1,10 +1,19 @@
 """causal_attention, sliding_window_attention, attention_weights and the
-conversion table of the docs (decisions D10, D11)."""
+conversion table of the docs.
+
+causal_attention is scaled_dot_product_attention with is_causal=True;
+sliding_window_attention(..., window_size) lets each query see itself and the
+window_size - 1 keys before it, window=(window_size - 1, 0); attention_weights
+returns the softmax weights of the same computation (rows with no allowed key
+all 0). The conversions: FlashAttention's window_size with -1 for unbounded,
+ONNX Runtime's local_window_size, PyTorch's top-left causal mask for L != S
+and its enable_gqa."""
 
 import numpy as np
 import pytest
 
 import fastattn
+from fastattn import _core
 from fastattn import reference as ref
 
 from conftest import (SDPA_TOL, allowed_keys, assert_close, assert_new_c_float32,
@@ -190,3 +199,23 @@ def test_attention_weights_match_naive(rng):
     allowed = allowed_keys(L, S, is_causal=True, window=(3, 0))
     _, _, wn = naive_sdpa(q, k, np.zeros((S, 1)), allowed)
     assert_close(fastattn.attention_weights(q, k, is_causal=True, window=(3, 0)), wn, **SDPA_TOL)
+
+
+def test_core_attention_takes_keywords_and_the_weights_no_values(rng):
+    # _core.attention takes every argument after q, k, v by keyword only (two
+    # dozen of them could not be told apart by position); the weights kernel
+    # reads no values, so v and v_off are None for it, not a made-up array.
+    q = rng.standard_normal((2, 5, 8)).astype(np.float32)
+    k = rng.standard_normal((2, 7, 8)).astype(np.float32)
+    offs = np.array([0, 40], np.int64), np.array([0, 56], np.int64)
+    kw = dict(k_dtype=_core.DTYPE_F32, v_dtype=_core.DTYPE_F32, q_off=offs[0], k_off=offs[1],
+              q_rs=8, k_rs=8, v_rs=0, nbatch=2, L=5, S=7, D=8, Dv=0, scale=0.5, nthreads=2,
+              weights=True)
+    got = np.full(2 * 5 * 7, np.nan, np.float32)
+    _core.attention(q, k, None, v_off=None, out=got, **kw)
+    want = fastattn.attention_weights(q, k, scale=0.5)
+    np.testing.assert_array_equal(got.reshape(2, 5, 7), want)
+    with pytest.raises(TypeError):
+        _core.attention(q, k, None, _core.DTYPE_F32, _core.DTYPE_F32)
+    with pytest.raises(ValueError):  # no values but Dv > 0
+        _core.attention(q, k, None, v_off=None, out=got, **dict(kw, Dv=8))

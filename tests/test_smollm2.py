@@ -26,23 +26,14 @@ from threadpoolctl import threadpool_info, threadpool_limits
 import fastattn
 from fastattn import reference
 
+from conftest import EXAMPLES, load_example
+
 gguf = pytest.importorskip("gguf", reason="gguf is not installed (pip install gguf)")
 pytest.importorskip("tokenizers", reason="tokenizers is not installed (pip install tokenizers)")
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 FIXTURE = Path(__file__).resolve().parent / "smollm2_transformers.json"
 
-
-def _load_example(name):
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-smollm2 = _load_example("smollm2")
+smollm2 = load_example("smollm2")
 
 # The tiny model: 2 layers, width 32, 4 query heads and 2 kv heads of 8.
 TINY = dict(n_layers=2, hidden=32, ffn=64, n_heads=4, n_kv_heads=2, context=48)

@@ -23,13 +23,12 @@ import re
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import DOCS, ROOT
+
 README = ROOT / "README.md"
-DOCS = ROOT / "docs"
 TIMEOUT = 300  # seconds a block may take (the Dask ones start a local cluster)
 
 PYTHON_LANGUAGES = {"python", "python3", "py"}

@@ -1,4 +1,20 @@
-"""softmax, log_softmax, logsumexp: the dtype, axis and non-finite rules (decisions D1, D8, D9)."""
+"""softmax, log_softmax, logsumexp: the dtype, axis and non-finite rules.
+
+- Inputs of any real floating dtype (and array-likes of them) compute in
+  float32; the result is a new C-contiguous float32 array, or `out`.
+- `axis` is an int, negative from the end, any axis on any strides; out of
+  range or a 0-d input: AxisError; another type: TypeError.
+- Finite inputs never overflow or underflow to NaN at any magnitude; each
+  element is within a few float32 ulps of the float64 value.
+- Non-finite values follow IEEE arithmetic on the max-shifted formula: a NaN
+  makes its slice NaN; a +inf makes softmax and log_softmax NaN and logsumexp
+  +inf; -inf entries next to a finite one get weight 0 (log_softmax -inf); an
+  all -inf slice gives softmax and log_softmax NaN, logsumexp -inf.
+- Empty arrays give empty results (logsumexp of an empty slice: -inf); a
+  length-1 axis gives exactly 1 (log_softmax 0) for finite entries.
+"""
+
+import math
 
 import numpy as np
 import pytest
@@ -7,7 +23,7 @@ import scipy.special
 import fastattn
 from fastattn import reference as ref
 
-from conftest import (FMAX, assert_new_c_float32, assert_same_bits, readonly,
+from conftest import (FMAX, IMPL_IDS, IMPLS, assert_new_c_float32, assert_same_bits, readonly,
                       softmax64, ulp_error)
 
 NAMES = ["softmax", "log_softmax", "logsumexp"]
@@ -157,6 +173,18 @@ def test_accuracy_shift_invariance(rng, offset):
     x = moderate(rng, 32, 50) + np.float32(offset)
     assert_accurate("softmax", fastattn.softmax(x), x, -1)
     assert_accurate("logsumexp", fastattn.logsumexp(x), x, -1)
+
+
+@pytest.mark.parametrize("mod", IMPLS, ids=IMPL_IDS)
+def test_log_softmax_near_zero_is_accurate(simd, mod):
+    # log_softmax([0, -35])[0] = -log1p(e**-35), about -6.3e-16: log(1 + tiny)
+    # would round the tiny part away.
+    x = np.array([0.0, -35.0], np.float32)
+    want = -math.log1p(math.exp(-35.0))
+    got = mod.log_softmax(x)[0]
+    assert abs(got - want) <= 2 * np.spacing(np.float32(abs(want)))
+    got = mod.logsumexp(x)
+    assert abs(got + want) <= 2 * np.spacing(np.float32(abs(want)))
 
 
 # -------------------------------------------------------- shapes: empty, 1

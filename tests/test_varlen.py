@@ -8,20 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import fastattn
-from fastattn import _core
 from fastattn import reference as ref
 
 from conftest import SDPA_TOL, assert_close, assert_same_bits, randn
-
-PATHS = _core.simd_available()
-
-
-@pytest.fixture(params=PATHS)
-def simd(request):
-    before = fastattn.show_config(print_=False)["simd"]
-    _core.select_simd(request.param)
-    yield request.param
-    _core.select_simd(before)
 
 
 def packed(rng, lens_q, lens_k, Hq=4, Hkv=2, D=19, Dv=13):

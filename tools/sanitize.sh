@@ -53,11 +53,11 @@ export HYPOTHESIS_PROFILE=fastattn-sanitize   # fewer examples (tests/conftest.p
 
 # Kernel-heavy tests; the Python-only ones (docstrings, CLI, errors) add nothing here.
 TESTS=(tests/test_attention.py tests/test_softmax.py tests/test_masking.py tests/test_out.py
-       tests/test_threads.py tests/test_regressions.py tests/test_simd.py
-       tests/test_properties.py tests/test_hypothesis_attention.py tests/test_concurrency.py
+       tests/test_threads.py tests/test_simd.py
+       tests/test_properties.py tests/test_concurrency.py
        tests/test_kv_dtypes.py tests/test_merge.py tests/test_decode_path.py tests/test_varlen.py
        tests/test_score_options.py tests/test_flash_attn.py tests/test_call_cost.py
-       tests/test_misaligned.py tests/test_fuzz_errors.py tests/test_hardening.py)
+       tests/test_layouts.py tests/test_errors_fuzzed.py tests/test_memory_safety.py)
 
 "$PY" -c "import fastattn, sys; c = fastattn.show_config(mode='dicts'); \
 assert fastattn._core.__file__.startswith('$WORK'), fastattn._core.__file__; print(c)"

@@ -1,6 +1,13 @@
-"""`python -m fastattn bench --models` and its peers: each peer computes the
-same attention as fastattn on the cases it expresses (else the ratios would
-compare different work)."""
+"""`python -m fastattn bench`: the timing command and its helpers.
+
+`--models` and its peers: each peer computes the same attention as fastattn
+on the cases it expresses (else the ratios would compare different work);
+the timing rules (ratios as medians of per-round ratios, a minimum time);
+the options grid, half-precision and (B, L, H, D) layouts; counts and shapes
+it refuses with a usage error (exit status 2) rather than ignoring them or
+failing later; and the timing tools of tools/ that include the kernels'
+sources, which must keep up with them.
+"""
 import subprocess
 
 import numpy as np
@@ -8,6 +15,8 @@ import pytest
 
 import fastattn
 from fastattn._bench import MODEL_CASES, Problem, geomean, vs_faster_peer
+
+from conftest import ROOT, ml_dtypes
 
 SMALL = [Problem(2, 4, 4, 5, 9, 8, padding=True), Problem(1, 4, 4, 6, 6, 8, causal=True),
          Problem(2, 6, 2, 1, 33, 16), Problem(1, 6, 3, 4, 20, 8, causal=True),
@@ -79,15 +88,13 @@ def _build_tool(tmp_path, name, flags=()):
     """tools/<name>.c built with gcc into tmp_path (skips where it cannot be)."""
     import platform
     import shutil
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
-    src = root / "tools" / f"{name}.c"
+    src = ROOT / "tools" / f"{name}.c"
     gcc = shutil.which("gcc")
     if gcc is None or not src.exists() or platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("needs gcc, an x86-64 CPU and the source tree")
     exe = tmp_path / name
-    subprocess.run([gcc, "-O2", "-fopenmp", "-std=gnu11", "-I", str(root / "csrc"), *flags,
+    subprocess.run([gcc, "-O2", "-fopenmp", "-std=gnu11", "-I", str(ROOT / "csrc"), *flags,
                     str(src), "-o", str(exe), "-lm"], check=True)
     return exe
 
@@ -146,3 +153,82 @@ def test_best_time_runs_until_min_time_or_a_cap():
     calls.clear()
     bench.best_time(lambda: calls.append(1), 2, min_time=3600.0)
     assert len(calls) == 1001  # never reaches an hour: capped at 1000 runs
+
+
+def test_bench_kv_dtype_and_layout_options(capsys):
+    from fastattn.__main__ import main
+    for kv in ["float16"] + (["bfloat16"] if ml_dtypes is not None else []):
+        assert main(["bench", "-H", "4", "--kv-heads", "2", "-L", "1", "-S", "64", "-D", "8",
+                     "--repeat", "1", "--no-torch", "--kv-dtype", kv, "--layout", "blhd"]) == 0
+        out = capsys.readouterr().out
+        assert f"sdpa B=1 H=4/2 L=1 S=64 D=8 kv={kv} blhd" in out and "f32/fa" in out
+
+
+@pytest.mark.parametrize("argv", [["-L", "0"], ["--repeat", "0"], ["--threads", "0"],
+                                  ["-D", "0"], ["-S", "-1"], ["-L", "x"],
+                                  ["-L", "4", "--threads", "4097"]])
+def test_bench_rejects_bad_counts(argv, capsys):
+    from fastattn.__main__ import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", *argv])
+    assert exc.value.code == 2
+    assert "expected an integer" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--options", "--models"], "--options takes only -H, -L, -D, --threads and --repeat, "
+                                "not --models"),
+    (["--options", "-S", "8"], "not -S"),
+    (["-L", "4", "--case", "BERT-base"], "--case selects cases of --models"),
+    (["-L", "100000000"], "this shape needs about 2288.8 GiB of arrays"),
+])
+def test_bench_refuses_what_it_would_ignore_or_could_not_hold(argv, words, capsys):
+    # a usage error (2) before anything is allocated or timed, not a flag
+    # silently ignored or a NumPy MemoryError traceback
+    from fastattn.__main__ import _memory_bytes, main
+
+    if "GiB" in words and (_memory_bytes() or 0) > 2**40:
+        pytest.skip("a machine with more than 1 TiB of memory")
+    assert main(["bench", *argv]) == 2
+    assert words in capsys.readouterr().err
+
+
+def test_bench_times_grouped_query_shapes(capsys):
+    from fastattn.__main__ import main
+
+    assert main(["bench", "-H", "4", "--kv-heads", "2", "-L", "1", "-S", "64", "-D", "8",
+                 "--repeat", "1", "--no-torch", "--reference"]) == 0
+    assert "sdpa B=1 H=4/2 L=1 S=64 D=8" in capsys.readouterr().out
+    assert main(["bench", "-H", "4", "--kv-heads", "3", "--no-torch"]) == 2
+    assert "must be a multiple of --kv-heads" in capsys.readouterr().err
+
+
+def test_bench_ratios_are_medians_of_per_round_ratios(monkeypatch):
+    # a fake clock: the second call takes twice the first, the host's speed
+    # changes in steps between rounds; each round's ratio stays 2
+    import fastattn._bench as bench
+    clock = [0.0]
+    speed = iter([1.0] * 2 + [3.0] * 6 + [1.5] * 6 + [1.0] * 6)
+    order = []
+
+    def call(n, cost):
+        def run():
+            order.append(n)
+            clock[0] += cost * next(speed)
+        return run
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+    times, ratios = bench.ratios_alternated([call(0, 1.0), call(1, 2.0)], 9)
+    assert ratios == [1.0, 2.0]
+    assert times[0] == np.median([3.0] * 3 + [1.5] * 3 + [1.0] * 3)
+    assert order[2:6] == [0, 1, 1, 0]  # (after the warm-up round, the first rotates)
+
+
+def test_bench_options_prints_every_row(capsys):
+    import fastattn._bench as bench
+    rows = bench.options_grid(repeat=1, L=64, heads=2, D=8)
+    assert [name.split(",")[0].split(" (")[0] for name, _, _ in rows][:4] == [
+        "causal", "softcap=30", "alibi_slopes", "sinks"]
+    assert len(rows) == 12 and all(t > 0 and r > 0 for _, t, r in rows)
+    assert [name.split(":")[0] for name, _, _ in rows].count("floor") == 2
+    assert "medians of 7 rounds" in capsys.readouterr().out
