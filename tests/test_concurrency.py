@@ -123,7 +123,7 @@ def test_child_process_computes_correctly_after_parent_used_threads(threads, met
         o, sm, n = pool.apply_async(_child_compute, (2,)).get(timeout=60)
         o1, sm1, _ = pool.apply_async(_child_compute, (1,)).get(timeout=60)
     # GNU libgomp cannot run threads in a forked child: fastattn falls back to one
-    # (fastattn._api._runtime_survives_fork); elsewhere the child uses 2.
+    # (fastattn._threads._runtime_survives_fork); elsewhere the child uses 2.
     gomp = "libgomp" in ((fastattn.show_config(mode="dicts")["openmp_runtime"] or {})
                          .get("filepath") or "")
     assert n == (1 if method == "fork" and gomp else 2)

@@ -4,7 +4,7 @@ import importlib
 
 import pytest
 
-MODULES = ["fastattn._api", "fastattn._config", "fastattn.flash_attn",
+MODULES = ["fastattn._api", "fastattn._threads", "fastattn._config", "fastattn.flash_attn",
            "fastattn.flash_attn.bert_padding", "fastattn.flash_attn.layers.rotary",
            "fastattn.dask"]
 

@@ -15,7 +15,7 @@ import sys
 import numpy as np
 
 import fastattn
-from fastattn import _api, reference
+from fastattn import reference
 from fastattn._bench import (
     KV_DTYPES,
     LAYOUTS,
@@ -27,6 +27,7 @@ from fastattn._bench import (
     time_sdpa,
 )
 from fastattn._realinput import max_abs_err, real_input_checks
+from fastattn._threads import MAX_THREADS
 
 SEED = 20261129  # of the random-input checks
 RTOL, ATOL = 1e-4, 1e-5  # float32 kernels against the float64 reference
@@ -277,7 +278,7 @@ def main(argv=None):
                    help="bhld (default): q, k, v as contiguous (B, H, L, D); blhd: "
                         "(B, L, H, D) arrays viewed as (B, H, L, D), read in place; "
                         "also times the contiguous call (column f32/fa)")
-    b.add_argument("--threads", type=_count(1, _api._MAX_THREADS), default=None,
+    b.add_argument("--threads", type=_count(1, MAX_THREADS), default=None,
                    help="fastattn (and torch) threads (default: OpenMP's)")
     b.add_argument("--repeat", type=_count(1), default=3,
                    help="timed runs (best kept); --options: rounds of the calls compared, "

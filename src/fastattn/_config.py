@@ -3,32 +3,20 @@ import os
 from typing import Any, Dict, Literal, Optional, overload
 
 from fastattn import _core
+from fastattn._threads import get_num_threads, openmp_runtime
 
 _MODES = ("stdout", "dicts")
 
 
-def _openmp_runtime() -> Optional[Dict[str, Any]]:
-    """The OpenMP runtime loaded in this process, as threadpoolctl sees it."""
-    try:
-        from threadpoolctl import threadpool_info
-    except ImportError:  # pragma: no cover - threadpoolctl is a dependency
-        return None
-    for info in threadpool_info():
-        if info.get("user_api") == "openmp":
-            return {k: info.get(k) for k in ("internal_api", "version", "filepath")}
-    return None
-
-
 def _config() -> Dict[str, Any]:
-    from fastattn import __version__
-    from fastattn._api import get_num_threads
+    from fastattn import __version__  # (the package's, set once it is imported)
 
     build = _core.build_info()
     return {
         "version": __version__,
         "compiler": build["compiler"],
         "openmp": build["openmp"],
-        "openmp_runtime": _openmp_runtime(),
+        "openmp_runtime": openmp_runtime(),
         "simd": build["simd"],
         "num_threads": get_num_threads(),
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),

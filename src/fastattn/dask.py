@@ -37,6 +37,7 @@ except ImportError as exc:  # pragma: no cover - the optional extra is missing
 
 import fastattn
 from fastattn import _api
+from fastattn._threads import checked_num_threads
 from fastattn._validate import (as_array, as_bool, attention_inputs, foreign_keywords,
                                 int_array, is_bfloat16, is_masked_array, segment_pair,
                                 to_float32)
@@ -84,7 +85,7 @@ class FastattnThreads(WorkerPlugin):
         # client's own setting is left as it is: the setting is for the workers
         if n is None:
             raise TypeError("n must be an int in [1, 4096], got None")
-        self.n = int(_api._checked_num_threads(n))  # (its errors; not None here)
+        self.n = int(checked_num_threads(n))  # (its errors; not None here)
         self.pid = os.getpid()
 
     def setup(self, worker):
