@@ -19,6 +19,7 @@ from numpy.typing import ArrayLike, NDArray
 from fastattn._typing import AttentionResult, Float32Array, SegmentIds, Window, WithLse
 
 from fastattn import _core
+from fastattn._docs import ATTENTION_RULES, ROWWISE_NOTES, ROWWISE_RAISES, fill
 from fastattn._threads import get_num_threads, set_num_threads
 from fastattn._validate import (
     as_bool,
@@ -51,43 +52,6 @@ __all__ = [
 
 # ----------------------------------------------------------------------------
 # softmax, log_softmax, logsumexp
-
-_ROWWISE_RAISES = """
-    TypeError
-        If `x` is not of a real floating dtype or is a ``numpy.ma.MaskedArray``
-        (its mask would be ignored), `axis` is not an int, `keepdims`
-        (logsumexp) is not a bool, `out` is not a float32 ndarray, or a
-        keyword is unknown (PyTorch's ``dim=`` gets a message that says
-        ``axis=``).
-    numpy.exceptions.AxisError
-        If `axis` is out of range or `x` is 0-d.
-    ValueError
-        If `out` has the wrong shape, is not C-contiguous, writeable or
-        aligned, or shares memory with `x`."""
-
-_ROWWISE_NOTES = """
-    With ``m = max(x)`` over each slice along `axis` (never overflows, at any
-    magnitude; the largest entry gets a finite weight):
-    ``softmax = exp(x - m) / sum(exp(x - m))``,
-    ``log_softmax = (x - m) - log(sum(exp(x - m)))``,
-    ``logsumexp = m + log(sum(exp(x - m)))``.
-    Non-finite values follow IEEE arithmetic on that formula, as PyTorch and
-    ``scipy.special`` do: a NaN makes its whole slice NaN; a +inf makes the
-    softmax and log_softmax slice NaN and logsumexp +inf (scipy's log_softmax
-    alone differs there: NaN at the +inf entries, -inf at the others); -inf
-    entries next to a finite one get weight exactly 0 (log_softmax -inf); an
-    all -inf slice gives softmax NaN, log_softmax NaN, logsumexp -inf. An
-    empty slice gives logsumexp -inf.
-
-    The computation is float32 with float64 sums; each element is within a few
-    float32 ulps of the float64 value. "At any magnitude" means any float32:
-    a float64 input is converted to float32 first, so a value beyond
-    ``finfo(float32).max`` (about 3.4e38) becomes +-inf and the rules for
-    non-finite values apply to it. The slices are split over OpenMP
-    threads; results do not depend on the thread count. Time O(x.size), no
-    working memory beyond a contiguous copy when `x` is not C-contiguous
-    float32 or `axis` is not the last.
-"""
 
 
 def _rowwise(x, axis, out, op, keepdims=False):
@@ -124,6 +88,7 @@ def _rowwise(x, axis, out, op, keepdims=False):
 
 
 @foreign_keywords
+@fill(raises=ROWWISE_RAISES, notes=ROWWISE_NOTES)
 def softmax(x: ArrayLike, axis: int = -1, *,
             out: Optional[NDArray[np.float32]] = None) -> NDArray[np.float32]:
     """Numerically stable softmax along an axis.
@@ -165,6 +130,7 @@ def softmax(x: ArrayLike, axis: int = -1, *,
 
 
 @foreign_keywords
+@fill(raises=ROWWISE_RAISES, notes=ROWWISE_NOTES)
 def log_softmax(x: ArrayLike, axis: int = -1, *,
                 out: Optional[NDArray[np.float32]] = None) -> NDArray[np.float32]:
     """Numerically stable log of the softmax along an axis.
@@ -199,6 +165,7 @@ def log_softmax(x: ArrayLike, axis: int = -1, *,
 
 
 @foreign_keywords
+@fill(raises=ROWWISE_RAISES, notes=ROWWISE_NOTES)
 def logsumexp(x: ArrayLike, axis: int = -1, *, keepdims: bool = False,
               out: Optional[NDArray[np.float32]] = None) -> NDArray[np.float32]:
     """Numerically stable ``log(sum(exp(x)))`` along an axis.
@@ -236,11 +203,6 @@ def logsumexp(x: ArrayLike, axis: int = -1, *, keepdims: bool = False,
     keepdims = as_bool(keepdims, "keepdims")
     return _rowwise(x, axis, out, _core.OP_LOGSUMEXP, keepdims=keepdims)
 
-
-for _f in (softmax, log_softmax, logsumexp):
-    _f.__doc__ = (_f.__doc__ or "").replace("{notes}", _ROWWISE_NOTES).replace("{raises}",
-                                                                                _ROWWISE_RAISES)
-del _f
 
 # ----------------------------------------------------------------------------
 # Attention
@@ -404,89 +366,6 @@ def _paged_sdpa(q, k_cache, v_cache, block_table, seqlen, *, is_causal=False, wi
     return (out, lse) if return_lse else out
 
 
-_ATTENTION_RULES = """
-    Scores, in this order: ``s_ij = scale * (q_i . k_j)``; with `softcap`
-    ``c``, ``s_ij = c * tanh(s_ij / c)``; with `alibi_slopes`,
-    ``s_ij -= slope * |p_i - j|``; plus ``attn_mask[..., i, j]`` for a float
-    mask. Query row ``i`` sits at key position ``p_i = i + S - L``
-    (bottom-right alignment, as in FlashAttention >= 2.1 and MLX: the last
-    query lines up with the last key). Key ``j`` is allowed for query ``i``
-    iff the bool mask is True there, ``j <= p_i`` when `is_causal`,
-    ``p_i - left <= j <= p_i + right`` for ``window=(left, right)`` (None =
-    unbounded), and ``q_ids[..., i] == kv_ids[..., j]`` for
-    ``segment_ids=(q_ids, kv_ids)``; the constraints intersect. A float mask
-    entry of -inf masks its key exactly like a bool False.
-
-    Weights are the softmax of the allowed scores (Vaswani et al. 2017).
-    A key whose score is -inf (not allowed, float-masked, or a -inf product)
-    gets weight exactly 0 and its rows of k's scores and v are never used, so
-    NaN or inf there cannot change the result. Per row, with m the max of the
-    allowed scores: no allowed key, or m = -inf, gives an output row of 0 and
-    lse -inf (never NaN); a NaN among the allowed scores gives a NaN row (lse
-    NaN); m = +inf gives a NaN row and lse +inf.
-
-    With `sinks`, each row's softmax has one more key, of score ``sink`` (its
-    head's value) and value 0 (gpt-oss, ONNX Runtime's ``head_sink``):
-    ``w_ij = exp(s_ij) / (exp(sink) + sum_j' exp(s_ij'))`` and
-    ``lse_i = log(exp(sink) + sum_j exp(s_ij))``, so a row's weights sum to
-    less than 1. A row with no allowed key gives 0 and lse = sink; a sink of
-    -inf is no sink; a NaN sink gives a NaN row; a +inf sink takes all the
-    weight (an output row of 0, lse +inf), unless an allowed score is +inf or
-    NaN too (a NaN row).
-
-    The kernels compute in float32 (dot products accumulated in float32,
-    sums of weights in float64) and keep the scores in natural units: a
-    finite score stays finite, so a row whose allowed scores all equal a huge
-    value such as ``np.finfo(np.float32).min`` (Hugging Face's padding
-    sentinel) gets equal weights and a finite lse, as float32 arithmetic on
-    the formula gives. float16 and bfloat16 elements of k and v are
-    converted to float32 exactly, where the kernels read them (once per
-    element and tile), so a result is bitwise that of the same call on
-    ``k.astype(np.float32)`` and ``v.astype(np.float32)``. A score whose exact value exceeds the float32 range
-    (about 3.4e38, e.g. ``q . k`` of entries near 1e20) becomes +-inf and the
-    rules above apply, where the float64 reference still has a finite score.
-    Likewise each row's weighted sum of v is accumulated before the division
-    by the sum of the weights (the online softmax of FlashAttention): where
-    that sum, ``sum_j exp(s_ij - m) * v_j``, exceeds the float32 range (values
-    near 1e37 and above on many keys of similar weight) the output is +-inf
-    although the exact average of v's rows is finite.
-    ALiBi distances ``|p_i - j|`` are exact below 2**24; ``tanh`` is within
-    4 float32 ulps.
-"""
-
-_NEW_KEYWORDS = """softcap : float, optional
-        Soft-capping of the scores, ``c * tanh(s / c)`` (Gemma 2,
-        FlashAttention's ``softcap``): a finite float > 0 (at least the
-        smallest normal float32); None (default) = off.
-    alibi_slopes : array_like of real floats, optional
-        ALiBi slopes (Press et al. 2022), one per query head: broadcasting to
-        ``q.shape[:-2]``, e.g. shape (Hq,) or (B, Hq); finite. The bias is
-        ``-slope * |p_i - j|`` (FlashAttention's form; under `is_causal` it
-        equals BLOOM's ``+slope * j`` up to a per-row constant, which the
-        softmax cancels).
-    sinks : array_like of real floats, optional
-        Attention-sink logits, one per query head, broadcasting to
-        ``q.shape[:-2]`` (gpt-oss, ONNX Runtime's ``head_sink``): a virtual
-        key of that score and value 0 in every row's softmax and lse. -inf is
-        no sink; NaN gives NaN rows.
-    segment_ids : (array_like of int, array_like of int) or array_like of int, optional
-        Document masking for packed sequences (JAX's segment ids, a
-        FlexAttention document mask): ``(q_ids, kv_ids)`` broadcasting to
-        (..., L) and (..., S), or one array for both when ``L == S``; key
-        ``j`` is allowed for query ``i`` only when their ids are equal (with
-        `is_causal` and ``L == S`` each document is causal on its own). When
-        the key ids are non-decreasing along the sequence each query row's
-        keys are one range, found by bisection, and the tiles outside it are
-        skipped: the cost is that of the documents, not of ``L x S``; when
-        the query ids are also non-decreasing and shared by every batch item
-        and head, the blocks of query rows are also cut where a document
-        starts, so that no block walks the keys of two documents (the same
-        bits). Other ids are checked key by key. The pair must be a tuple:
-        a list (``[[0, 0, 1], [0, 1, 1]]``) is one array of ids, here those
-        of a batch of two, as NumPy reads it."""
-
-
-
 def _sdpa(q, k, v, attn_mask, is_causal, window, scale, softcap, alibi_slopes, sinks,
           segment_ids, enable_gqa, return_lse, out, alibi_shift=0):
     if softcap is None and alibi_slopes is None and sinks is None and segment_ids is None:
@@ -543,6 +422,7 @@ def scaled_dot_product_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike,
                                  out: Optional[Float32Array] = ...) -> AttentionResult: ...
 
 @foreign_keywords
+@fill(rules=ATTENTION_RULES)
 def scaled_dot_product_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike,
                                  attn_mask: Optional[ArrayLike] = None, *,
                                  is_causal: bool = False, window: Window = None,
@@ -592,7 +472,36 @@ def scaled_dot_product_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike,
     scale : float, optional
         Score scale; default ``1 / sqrt(D)``. Any finite value, 0 included
         (equal weights over the allowed keys).
-    {new_keywords}
+    softcap : float, optional
+        Soft-capping of the scores, ``c * tanh(s / c)`` (Gemma 2,
+        FlashAttention's ``softcap``): a finite float > 0 (at least the
+        smallest normal float32); None (default) = off.
+    alibi_slopes : array_like of real floats, optional
+        ALiBi slopes (Press et al. 2022), one per query head: broadcasting to
+        ``q.shape[:-2]``, e.g. shape (Hq,) or (B, Hq); finite. The bias is
+        ``-slope * |p_i - j|`` (FlashAttention's form; under `is_causal` it
+        equals BLOOM's ``+slope * j`` up to a per-row constant, which the
+        softmax cancels).
+    sinks : array_like of real floats, optional
+        Attention-sink logits, one per query head, broadcasting to
+        ``q.shape[:-2]`` (gpt-oss, ONNX Runtime's ``head_sink``): a virtual
+        key of that score and value 0 in every row's softmax and lse. -inf is
+        no sink; NaN gives NaN rows.
+    segment_ids : (array_like of int, array_like of int) or array_like of int, optional
+        Document masking for packed sequences (JAX's segment ids, a
+        FlexAttention document mask): ``(q_ids, kv_ids)`` broadcasting to
+        (..., L) and (..., S), or one array for both when ``L == S``; key
+        ``j`` is allowed for query ``i`` only when their ids are equal (with
+        `is_causal` and ``L == S`` each document is causal on its own). When
+        the key ids are non-decreasing along the sequence each query row's
+        keys are one range, found by bisection, and the tiles outside it are
+        skipped: the cost is that of the documents, not of ``L x S``; when
+        the query ids are also non-decreasing and shared by every batch item
+        and head, the blocks of query rows are also cut where a document
+        starts, so that no block walks the keys of two documents (the same
+        bits). Other ids are checked key by key. The pair must be a tuple:
+        a list (``[[0, 0, 1], [0, 1, 1]]``) is one array of ids, here those
+        of a batch of two, as NumPy reads it.
     enable_gqa : bool, default False
         Grouped-query attention: the head axis is -3 and query head ``h``
         reads kv head ``h // (Hq // Hkv)``; k and v are never repeated.
@@ -847,6 +756,7 @@ def sliding_window_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, window_si
 
 
 @foreign_keywords
+@fill(rules=ATTENTION_RULES)
 def attention_weights(q: ArrayLike, k: ArrayLike, attn_mask: Optional[ArrayLike] = None, *,
                       is_causal: bool = False, window: Window = None,
                       scale: Optional[float] = None, softcap: Optional[float] = None,
@@ -892,12 +802,6 @@ def attention_weights(q: ArrayLike, k: ArrayLike, attn_mask: Optional[ArrayLike]
     weights = new_array(a.batch + (a.L, a.S), "the weights", fill=0.0)
     _run_attention(a, weights, weights=True)
     return weights
-
-
-for _g in (scaled_dot_product_attention, attention_weights):
-    _g.__doc__ = ((_g.__doc__ or "").replace("{rules}", _ATTENTION_RULES)
-                  .replace("{new_keywords}", _NEW_KEYWORDS))
-del _g
 
 
 # ----------------------------------------------------------------------------
