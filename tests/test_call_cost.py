@@ -4,7 +4,7 @@
 float16 or bfloat16, rows in place, at most a bool or float32 mask, scale,
 is_causal, enable_gqa, return_lse) in one step, and returns None for
 anything else, which then takes the general path (fastattn._validate +
-_api._run_attention). It must give the general path's bits, and must never
+_kernel.run). It must give the general path's bits, and must never
 raise on its arguments: every error comes from the general path, with its
 messages.
 """
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import fastattn
-from fastattn import _api, _core
+from fastattn import _core, _kernel
 from fastattn._validate import as_bool, attention_inputs, check_out
 
 
@@ -26,7 +26,7 @@ def general(q, k, v, mask=None, is_causal=False, scale=None, enable_gqa=False,
     out = np.empty(a.batch + (a.L, a.Dv), np.float32)
     return_lse = as_bool(return_lse, "return_lse")
     lse = np.empty(a.batch + (a.L,), np.float32) if return_lse else None
-    _api._run_attention(a, out, lse)
+    _kernel.run(a, out, lse)
     return (out, lse) if return_lse else out
 
 

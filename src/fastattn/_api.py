@@ -5,8 +5,8 @@ GIL and calls one C entry point, and C works on contiguous float32 buffers.
 The common attention call (float32 ndarrays with contiguous rows, k and v
 also float16 or bfloat16, at most a bool or float32 mask, an `out=` that is
 plainly fine) skips the Python checks:
-_core.sdpa_plain takes it in one step, with the same kernel arguments, and
-declines everything else.
+_core.sdpa_plain takes it in one step, with the same kernel arguments as
+fastattn._kernel.run, and declines everything else.
 """
 from __future__ import annotations  # help() shows the annotations as written
 
@@ -20,6 +20,7 @@ from fastattn._typing import AttentionResult, Float32Array, SegmentIds, Window, 
 
 from fastattn import _core
 from fastattn._docs import ATTENTION_RULES, ROWWISE_NOTES, ROWWISE_RAISES, fill
+from fastattn._kernel import run
 from fastattn._threads import get_num_threads, set_num_threads
 from fastattn._validate import (
     as_bool,
@@ -33,6 +34,7 @@ from fastattn._validate import (
     merge_inputs,
     normalize_axis,
     new_array,
+    paged_inputs,
     varlen_inputs,
 )
 
@@ -208,161 +210,23 @@ def logsumexp(x: ArrayLike, axis: int = -1, *, keepdims: bool = False,
 # Attention
 
 
-def _strides(arr, ndim):
-    """Element strides of `arr` broadcast to `ndim` dimensions (its axes
-    right-aligned; 0 on length-1 axes, which broadcast). Any strides that are
-    whole elements (see fastattn._validate.rows_in_place)."""
-    strides = [0] * ndim
-    size = arr.itemsize
-    for axis in range(1, arr.ndim + 1):
-        if arr.shape[-axis] != 1:
-            strides[-axis] = arr.strides[-axis] // size
-    return strides
-
-
-def _row_stride(arr):
-    """Element stride between the rows of `arr` (its axis -2)."""
-    return 0 if arr.shape[-2] == 1 else arr.strides[-2] // arr.itemsize
-
-
-def _offsets(arr, batch, group=1):
-    """Element offset of `arr`'s trailing 2-d block for each item of `batch`
-    (flattened in C order), `arr` broadcast over it, from its element
-    [0, ..., 0]. With group > 1 (GQA) arr's head axis has batch[-1] // group
-    heads and query head h reads head h // group: an index map, k and v are
-    never repeated."""
-    strides = _strides(arr, len(batch) + 2)[:-2]
-    return _core.block_offsets(tuple(batch), strides, group)
-
-
-def _layout(arr, batch, group=1):
-    """(offsets, stride of axis -2, stride of axis -1) of `arr` broadcast over
-    `batch` + its last two axes, as _offsets and _strides give them, with its
-    strides computed once."""
-    strides = _strides(arr, len(batch) + 2)
-    return _core.block_offsets(tuple(batch), strides[:-2], group), strides[-2], strides[-1]
-
-
-def _kv_operand(arr):
-    """(array the kernel reads, its dtype code): k or v as stored (bfloat16 as
-    its uint16 bits, which NumPy's buffer protocol can export)."""
-    if arr.dtype == np.float32:
-        return arr, _core.DTYPE_F32
-    if arr.dtype == np.float16:
-        return arr, _core.DTYPE_F16
-    return arr.view(np.uint16), _core.DTYPE_BF16
-
-
-def _run_attention(a, result, lse=None, weights=False, alibi_shift=0):
-    """Run the attention kernel on validated inputs `a` (AttentionInputs) into
-    `result` (the output, or the weights when `weights`) and `lse`.
-    alibi_shift: added to each query's position in ALiBi's |p - j| (a block
-    of a longer sequence: fastattn.dask)."""
-    nbatch = math.prod(a.batch)
-    if result.size == 0 and (lse is None or lse.size == 0):
-        return  # (no batch item has a row to write: no offsets to make either)
-    flat_mask, mask_off, mask_sl, mask_ss = None, None, 0, 0
-    if a.mask is not None:
-        mask_off, mask_sl, mask_ss = _layout(a.mask, a.batch)
-        flat = a.mask.reshape(-1)
-        flat_mask = flat.view(np.uint8) if flat.dtype == np.bool_ else flat
-    left, right = a.window
-    k_arr, k_dtype = _kv_operand(a.k)
-    v_arr, v_dtype = _kv_operand(a.v) if a.v is not None else (None, k_dtype)
-    segments = None
-    if a.segments is not None:
-        ids_q, ids_kv = a.segments.q, a.segments.kv
-        nd = len(a.batch) + 1
-        segments = (ids_q.reshape(-1), ids_kv.reshape(-1),
-                    _core.block_offsets(tuple(a.batch), _strides(ids_q, nd)[:-1], 1),
-                    _core.block_offsets(tuple(a.batch), _strides(ids_kv, nd)[:-1], 1),
-                    _strides(ids_q, nd)[-1], _strides(ids_kv, nd)[-1], a.segments.sorted)
-    q_off, q_rs, _ = _layout(a.q, a.batch)
-    k_off, k_rs, _ = _layout(a.k, a.batch, a.group)
-    v_off, v_rs = _layout(a.v, a.batch, a.group)[:2] if a.v is not None else (None, 0)
-    _core.attention(
-        a.q, k_arr, v_arr, k_dtype=k_dtype, v_dtype=v_dtype, q_off=q_off, k_off=k_off,
-        v_off=v_off, q_rs=q_rs, k_rs=k_rs, v_rs=v_rs, nbatch=nbatch, L=a.L, S=a.S, D=a.D,
-        Dv=a.Dv, scale=a.scale, out=result.reshape(-1), nthreads=get_num_threads(),
-        lse=None if lse is None else lse.reshape(-1), mask=flat_mask, mask_off=mask_off,
-        mask_sl=mask_sl, mask_ss=mask_ss, is_causal=a.is_causal,
-        win_left=-1 if left is None else left, win_right=-1 if right is None else right,
-        weights=weights, softcap=a.softcap,
-        alibi_slopes=None if a.alibi_slopes is None else a.alibi_slopes.reshape(-1),
-        sinks=None if a.sinks is None else a.sinks.reshape(-1), segments=segments,
-        alibi_shift=alibi_shift,
-    )
-
-
-PAGE_MULTIPLE = 64  # the key tile: a page of a paged cache holds a whole number of tiles
-
-
 def _paged_sdpa(q, k_cache, v_cache, block_table, seqlen, *, is_causal=False, window=None,
                 scale=None, return_lse=False):
     """Attention over a paged KV cache, read in place (private: for fastattn.flash_attn).
 
     q (B, Hq, L, D) float32 (any strides with contiguous rows); k_cache,
     v_cache (num_pages, block_size, Hkv, D / Dv) of float32, float16 or
-    bfloat16, with ``block_size`` a multiple of 64 (PAGE_MULTIPLE);
+    bfloat16, with ``block_size`` a multiple of 64 (_validate.PAGE_MULTIPLE);
     block_table (B, max_pages) of ints: key ``j`` of batch item ``b`` is row
     ``j % block_size`` of page ``block_table[b, j // block_size]``; every
     batch item has ``seqlen`` keys. Query head ``h`` reads kv head
     ``h // (Hq // Hkv)``. Returns out (B, Hq, L, Dv) (and lse (B, Hq, L)),
     bitwise those of scaled_dot_product_attention on the gathered cache.
     """
-    from fastattn._validate import as_rows, check_scale, check_window
-
-    q = as_rows(q, "q")
-    k_cache = as_rows(k_cache, "k_cache", half=True)
-    v_cache = as_rows(v_cache, "v_cache", half=True)
-    if q.ndim != 4 or k_cache.ndim != 4 or v_cache.ndim != 4:
-        raise ValueError(f"q, k_cache, v_cache must be 4-d, got {q.shape}, {k_cache.shape}, "
-                         f"{v_cache.shape}")
-    B, Hq, L, D = q.shape
-    P, bs, Hkv, Dk = k_cache.shape
-    Dv = v_cache.shape[-1]
-    if Dk != D or v_cache.shape[:3] != (P, bs, Hkv):
-        raise ValueError(f"k_cache {k_cache.shape} and v_cache {v_cache.shape} do not match "
-                         f"q {q.shape}")
-    if Hkv < 1 or Hq % Hkv != 0:
-        raise ValueError(f"q's heads ({Hq}) must be a multiple of the cache's ({Hkv})")
-    if bs % PAGE_MULTIPLE != 0:
-        raise ValueError(f"block_size must be a multiple of {PAGE_MULTIPLE}, got {bs}")
-    # (a private copy: the kernels read it with the GIL released, after the
-    # checks below, so no other thread may rewrite it meanwhile)
-    table = np.array(block_table, dtype=np.int64, order="C")
-    S = int(seqlen)
-    pages = -(-S // bs)
-    if table.ndim != 2 or table.shape[0] != B or table.shape[1] < pages or S < 0:
-        raise ValueError(f"block_table of shape {table.shape} does not cover {S} keys of "
-                         f"{B} sequences in pages of {bs}")
-    used = table[:, :pages]
-    if used.size and (used.min() < 0 or used.max() >= P):
-        raise ValueError(f"block_table points outside the cache's {P} pages")
-    left, right = check_window(window, L + S)
-    scale = check_scale(scale, D)
-    group = Hq // Hkv
-    out = new_array((B, Hq, L, Dv), "the output")
-    lse = new_array((B, Hq, L), "lse") if return_lse else None
-    if B * Hq and L:
-        k_arr, k_dtype = _kv_operand(k_cache)
-        v_arr, v_dtype = _kv_operand(v_cache)
-        kst = [st // k_cache.itemsize for st in k_cache.strides]
-        vst = [st // v_cache.itemsize for st in v_cache.strides]
-        _core.attention(
-            q, k_arr, v_arr, k_dtype=k_dtype, v_dtype=v_dtype, q_off=_offsets(q, (B, Hq)),
-            k_off=_core.block_offsets((B, Hq), [0, kst[2]], group),
-            v_off=_core.block_offsets((B, Hq), [0, vst[2]], group),
-            q_rs=_row_stride(q), k_rs=kst[1], v_rs=vst[1], nbatch=B * Hq, L=L, S=S, D=D, Dv=Dv,
-            scale=scale, out=out.reshape(-1), nthreads=get_num_threads(),
-            lse=None if lse is None else lse.reshape(-1),
-            is_causal=as_bool(is_causal, "is_causal"),
-            win_left=-1 if left is None else left,
-            win_right=-1 if right is None else right,
-            block_table=table.reshape(-1),
-            bt_off=_core.block_offsets((B, Hq), [table.shape[1], 0], 1), block_size=bs,
-            num_pages=P, k_ps=kst[0], v_ps=vst[0],
-        )
+    a = paged_inputs(q, k_cache, v_cache, block_table, seqlen, is_causal, window, scale)
+    out = new_array((a.B, a.Hq, a.L, a.Dv), "the output")
+    lse = new_array((a.B, a.Hq, a.L), "lse") if return_lse else None
+    run(a, out, lse)
     return (out, lse) if return_lse else out
 
 
@@ -389,7 +253,7 @@ def _sdpa(q, k, v, attn_mask, is_causal, window, scale, softcap, alibi_slopes, s
     else:
         out = new_array(shape, "the output")
     lse = new_array(a.batch + (a.L,), "lse") if return_lse else None
-    _run_attention(a, out, lse, alibi_shift=alibi_shift)
+    run(a, out, lse, alibi_shift=alibi_shift)
     return (out, lse) if return_lse else out
 
 
@@ -800,7 +664,7 @@ def attention_weights(q: ArrayLike, k: ArrayLike, attn_mask: Optional[ArrayLike]
                          with_v=False, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
                          segment_ids=segment_ids)
     weights = new_array(a.batch + (a.L, a.S), "the weights", fill=0.0)
-    _run_attention(a, weights, weights=True)
+    run(a, weights, weights=True)
     return weights
 
 
@@ -918,32 +782,7 @@ def varlen_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: Arr
     else:
         out = new_array(shape, "the output")
     lse = new_array((total_q, a.Hq), "lse") if return_lse else None
-    if a.B > 0 and total_q > 0 and a.Hq > 0:
-        group = a.Hq // a.Hkv
-
-        def offsets(arr, cu, g):  # row 0 of each (sequence, query head) of arr
-            rs, hs = (x // arr.itemsize for x in arr.strides[:2])
-            return _core.varlen_offsets(cu, a.Hq, g, rs, hs), rs
-
-        q_off, q_rs = offsets(a.q, a.cu_q, 1)
-        k_off, k_rs = offsets(a.k, a.cu_k, group)
-        v_off, v_rs = offsets(a.v, a.cu_k, group)
-        o_off = _core.varlen_offsets(a.cu_q, a.Hq, 1, a.Hq * a.Dv, a.Dv)
-        lse_off = _core.varlen_offsets(a.cu_q, a.Hq, 1, a.Hq, 1)
-        k_arr, k_dtype = _kv_operand(a.k)
-        v_arr, v_dtype = _kv_operand(a.v)
-        left, right = a.window
-        _core.attention(
-            a.q, k_arr, v_arr, k_dtype=k_dtype, v_dtype=v_dtype, q_off=q_off, k_off=k_off,
-            v_off=v_off, q_rs=q_rs, k_rs=k_rs, v_rs=v_rs, nbatch=a.Hq, L=0, S=0, D=a.D,
-            Dv=a.Dv, scale=a.scale, out=out.reshape(-1), nthreads=get_num_threads(),
-            lse=None if lse is None else lse.reshape(-1), is_causal=a.is_causal,
-            win_left=-1 if left is None else left, win_right=-1 if right is None else right,
-            softcap=a.softcap,
-            alibi_slopes=None if a.alibi_slopes is None else a.alibi_slopes.reshape(-1),
-            sinks=None if a.sinks is None else a.sinks.reshape(-1),
-            varlen=(a.cu_q, a.cu_k, o_off, lse_off, a.Hq * a.Dv, a.Hq),
-        )
+    run(a, out, lse)
     if lse is not None:
         return out, lse
     return out

@@ -1,5 +1,5 @@
 # Type stub of the compiled core (fastattn/_core.pyx): thin nogil wrappers over
-# csrc/. Every buffer is a 1-d C-contiguous array, validated by fastattn._api.
+# csrc/. Every buffer is a 1-d C-contiguous array, validated by fastattn._validate.
 # Functions that other parts of the core add (and the attention entry point,
 # whose argument list grows with the kernels) are typed loosely through
 # __getattr__ and `attention`'s *args, so that the stub never blocks a change

@@ -1,10 +1,11 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False
 """Thin nogil wrappers over the C kernels in csrc/ (see csrc/fastattn.h).
 
-Every argument arrives validated and shaped by fastattn._api: 1-d C-contiguous
-float32 / uint8 / int64 buffers and Python ints (attention's q, k and v: arrays
-of any strides, read in place from their first element). Each wrapper releases the GIL
-for the one C call and maps the returned status to an exception in _check.
+Every argument arrives validated and shaped by fastattn._validate and
+fastattn._kernel: 1-d C-contiguous float32 / uint8 / int64 buffers and Python
+ints (attention's q, k and v: arrays of any strides, read in place from their
+first element). Each wrapper releases the GIL for the one C call and maps the
+returned status to an exception in _check.
 The one exception is sdpa_plain, attention's fast path for the common call:
 it checks its own arguments and hands anything it does not take back to the
 general path (it returns None), which then raises the errors.
@@ -381,7 +382,7 @@ cdef bint _take(object x, Py_buffer *view, char code, Py_ssize_t itemsize, bint 
     place (the last axis contiguous, every stride a whole number of elements,
     as fastattn._validate.rows_in_place) or, with `contiguous`, C-contiguous;
     st[i] is then axis i's stride in elements, 0 on a length-1 axis (as
-    _api._strides). 1 then (the caller releases view), else 0, nothing held."""
+    _kernel._strides). 1 then (the caller releases view), else 0, nothing held."""
     cdef Py_ssize_t i, n, s, expect = itemsize
     if type(x) is not _ndarray:
         return 0
@@ -416,7 +417,7 @@ cdef object _bfloat16 = None  # ml_dtypes' bfloat16 dtype, once an array of it w
 cdef int _take_kv(object x, Py_buffer *view, int64_t *st) except -2:
     """Take k or v for sdpa_plain as _take takes q: a numpy.ndarray (no
     subclass), aligned, rows in place, of native float32, float16 or
-    bfloat16 (ml_dtypes', read as its uint16 bits, as _api._kv_operand
+    bfloat16 (ml_dtypes', read as its uint16 bits, as _kernel.kv_operand
     passes it). Its dtype code (FA_DTYPE_*) then, the strides in st in
     elements of that dtype (the caller releases view); else -1, nothing held."""
     global _bfloat16
@@ -525,7 +526,7 @@ def sdpa_plain(q, k, v, mask, is_causal, window, scale, enable_gqa, return_lse,
     sharing any is left to the general path, fastattn._validate.check_out,
     which decides). The caller passes no other option. Anything else
     returns None, for the general path (fastattn._validate and
-    _api._run_attention) to convert and check, with its errors: this path
+    fastattn._kernel.run) to convert and check, with its errors: this path
     never raises on its arguments. It gives the kernel exactly the arguments
     the general path gives it (the same offsets, strides and scale), so the
     bits are the same.
@@ -618,7 +619,7 @@ def sdpa_plain(q, k, v, mask, is_causal, window, scale, enable_gqa, return_lse,
         if offs == NULL:
             return None  # (the general path's allocations then name what does not fit)
         # Item j of the batch (C order over q.shape[:-2]) starts at sum_i index_i *
-        # stride_i in each array, as _api._offsets gives; with GQA, k and v's head
+        # stride_i in each array, as _kernel._layout gives; with GQA, k and v's head
         # index is q's divided by the group (no kv head is repeated).
         for j in range(nbatch):
             r = j
@@ -663,7 +664,7 @@ def sdpa_plain(q, k, v, mask, is_causal, window, scale, enable_gqa, return_lse,
         a.q_off = offs
         a.k_off = offs + nbatch
         a.v_off = offs + 2 * nbatch
-        a.q_rs = qst[nd - 2]  # 0 for a single row, as _api._row_stride
+        a.q_rs = qst[nd - 2]  # 0 for a single row, as _kernel._strides
         a.k_rs = kst[nd - 2]
         a.v_rs = vst[nd - 2]
         a.mask_kind = FA_MASK_NONE

@@ -874,3 +874,78 @@ def varlen_inputs(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, 
         alibi_slopes=per_head(alibi_slopes, "alibi_slopes", heads, heads, True, "(B, Hq)"),
         sinks=per_head(sinks, "sinks", heads, heads, False, "(B, Hq)"),
     )
+
+
+# ----------------------------------------------------------------------------
+# A paged KV cache (fastattn.flash_attn's flash_attn_with_kvcache)
+
+PAGE_MULTIPLE = 64  # the key tile: a page of a paged cache holds a whole number of tiles
+
+
+class PagedInputs(NamedTuple):
+    """Validated arguments of attention over a paged KV cache: q (B, Hq, L, D)
+    float32, k and v the caches (num_pages, block_size, Hkv, D / Dv) as
+    stored, each with contiguous rows; table (B, max_pages) a private int64
+    copy of the block table whose first pages cover S keys. The score options
+    that the paged form does not take are off."""
+
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    table: np.ndarray
+    B: int
+    Hq: int
+    L: int
+    S: int
+    D: int
+    Dv: int
+    block_size: int
+    num_pages: int
+    group: int                  # query heads per kv head
+    scale: float
+    is_causal: bool
+    window: Tuple[Optional[int], Optional[int]]
+    softcap: float = 0.0
+    alibi_slopes: Optional[np.ndarray] = None
+    sinks: Optional[np.ndarray] = None
+
+
+def paged_inputs(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seqlen: Any,
+                 is_causal: Any, window: Any, scale: Any) -> PagedInputs:
+    """Validate and convert the arguments of attention over a paged KV cache:
+    every batch item's keys are the first `seqlen` rows of its pages, key
+    ``j`` row ``j % block_size`` of page ``block_table[b, j // block_size]``,
+    block_size a multiple of PAGE_MULTIPLE."""
+    q = as_rows(q, "q")
+    k_cache = as_rows(k_cache, "k_cache", half=True)
+    v_cache = as_rows(v_cache, "v_cache", half=True)
+    if q.ndim != 4 or k_cache.ndim != 4 or v_cache.ndim != 4:
+        raise ValueError(f"q, k_cache, v_cache must be 4-d, got {q.shape}, {k_cache.shape}, "
+                         f"{v_cache.shape}")
+    B, Hq, L, D = q.shape
+    P, bs, Hkv, Dk = k_cache.shape
+    Dv = v_cache.shape[-1]
+    if Dk != D or v_cache.shape[:3] != (P, bs, Hkv):
+        raise ValueError(f"k_cache {k_cache.shape} and v_cache {v_cache.shape} do not match "
+                         f"q {q.shape}")
+    if Hkv < 1 or Hq % Hkv != 0:
+        raise ValueError(f"q's heads ({Hq}) must be a multiple of the cache's ({Hkv})")
+    if bs % PAGE_MULTIPLE != 0:
+        raise ValueError(f"block_size must be a multiple of {PAGE_MULTIPLE}, got {bs}")
+    # (a private copy: the kernels read it with the GIL released, after the
+    # checks below, so no other thread may rewrite it meanwhile)
+    table = np.array(block_table, dtype=np.int64, order="C")
+    S = int(seqlen)
+    pages = -(-S // bs)
+    if table.ndim != 2 or table.shape[0] != B or table.shape[1] < pages or S < 0:
+        raise ValueError(f"block_table of shape {table.shape} does not cover {S} keys of "
+                         f"{B} sequences in pages of {bs}")
+    used = table[:, :pages]
+    if used.size and (used.min() < 0 or used.max() >= P):
+        raise ValueError(f"block_table points outside the cache's {P} pages")
+    window = check_window(window, L + S)
+    return PagedInputs(
+        q=q, k=k_cache, v=v_cache, table=table, B=B, Hq=Hq, L=L, S=S, D=D, Dv=Dv,
+        block_size=bs, num_pages=P, group=Hq // Hkv, scale=check_scale(scale, D),
+        is_causal=as_bool(is_causal, "is_causal"), window=window,
+    )

@@ -44,9 +44,9 @@ import numpy as np
 
 import fastattn
 from fastattn import _api  # _paged_sdpa: the kernel's in-place paged read
-from fastattn._validate import (_FLOAT32_MAX, _is_torch_tensor, as_array, check_cu_seqlens,
-                                FLASH_ATTN_KEYWORDS, check_out, check_scale, check_softcap,
-                                check_window, foreign_keywords, index,
+from fastattn._validate import (_FLOAT32_MAX, PAGE_MULTIPLE, _is_torch_tensor, as_array,
+                                check_cu_seqlens, FLASH_ATTN_KEYWORDS, check_out, check_scale,
+                                check_softcap, check_window, foreign_keywords, index,
                                 index_int64, int_array, new_array, shares_memory)
 
 # The FlashAttention release whose Python API this package follows: the names,
@@ -1436,7 +1436,7 @@ def _kvcache_attention(q, k_cache, v_cache, table, rows, start, end, causal, win
     paged = table is not None
     block_size = k_cache.shape[1]
     uniform = B > 0 and (start == start[0]).all() and (end == end[0]).all()
-    if (uniform and paged and not start.any() and block_size % _api.PAGE_MULTIPLE == 0
+    if (uniform and paged and not start.any() and block_size % PAGE_MULTIPLE == 0
             and cap is None and alibi is None):
         o[...], lse[...] = _api._paged_sdpa(_bhld(q), k_cache, v_cache, table, int(end[0]),
                                             is_causal=causal, window=window, scale=scale,
