@@ -463,7 +463,7 @@ def test_kvcache_paged_kernel_path_bitwise(causal, window_size, monkeypatch):
 @pytest.mark.parametrize("block_size,S,L", [(64, 300, 1), (128, 256, 5), (256, 1000, 40),
                                             (64, 0, 3), (64, 1, 1)])
 def test_paged_cache_equals_the_gathered_cache(simd, rng, kvdtype, block_size, S, L):
-    from fastattn._api import _paged_sdpa
+    from fastattn._attention import paged_sdpa
     B, Hq, Hkv, D, Dv, P = 3, 4, 2, 24, 16, 20
     k_cache = randn(rng, P, block_size, Hkv, D).astype(kvdtype)
     v_cache = randn(rng, P, block_size, Hkv, Dv).astype(kvdtype)
@@ -471,7 +471,7 @@ def test_paged_cache_equals_the_gathered_cache(simd, rng, kvdtype, block_size, S
     table = np.stack([rng.permutation(P)[:pages + 1] for _ in range(B)]).astype(np.int32)
     q = randn(rng, B, L, Hq, D).swapaxes(1, 2)  # (B, Hq, L, D) view
     for kw in ({}, dict(is_causal=True), dict(window=(7, 0), scale=0.3)):
-        got = _paged_sdpa(q, k_cache, v_cache, table, S, return_lse=True, **kw)
+        got = paged_sdpa(q, k_cache, v_cache, table, S, return_lse=True, **kw)
         # the gathered cache, (B, Hkv, S, D), contiguous
         k = k_cache[table].reshape(B, -1, Hkv, D)[:, :S].swapaxes(1, 2).copy()
         v = v_cache[table].reshape(B, -1, Hkv, Dv)[:, :S].swapaxes(1, 2).copy()
@@ -482,17 +482,17 @@ def test_paged_cache_equals_the_gathered_cache(simd, rng, kvdtype, block_size, S
 
 
 def test_paged_cache_bad_tables(rng):
-    from fastattn._api import _paged_sdpa
+    from fastattn._attention import paged_sdpa
     k_cache = randn(rng, 4, 64, 2, 8)
     q = randn(rng, 1, 2, 1, 8)
     with pytest.raises(ValueError, match="outside the cache"):
-        _paged_sdpa(q, k_cache, k_cache, np.array([[0, 4]]), 100)
+        paged_sdpa(q, k_cache, k_cache, np.array([[0, 4]]), 100)
     with pytest.raises(ValueError, match="outside the cache"):
-        _paged_sdpa(q, k_cache, k_cache, np.array([[-1]]), 10)
+        paged_sdpa(q, k_cache, k_cache, np.array([[-1]]), 10)
     with pytest.raises(ValueError, match="does not cover"):
-        _paged_sdpa(q, k_cache, k_cache, np.array([[0]]), 100)
+        paged_sdpa(q, k_cache, k_cache, np.array([[0]]), 100)
     with pytest.raises(ValueError, match="multiple of 64"):
-        _paged_sdpa(q, k_cache[:, :48], k_cache[:, :48], np.array([[0]]), 10)
+        paged_sdpa(q, k_cache[:, :48], k_cache[:, :48], np.array([[0]]), 10)
     # the kernel checks the table itself too (the private core entry)
     with pytest.raises(ValueError, match="rejected its arguments"):
         _core.attention(q, k_cache, k_cache, k_dtype=_core.DTYPE_F32, v_dtype=_core.DTYPE_F32,

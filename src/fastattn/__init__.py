@@ -14,26 +14,23 @@ except ValueError as _exc:
     _warnings.warn(f"FASTATTN_SIMD ignored: {_exc}", RuntimeWarning, stacklevel=2)
     _core.select_simd("auto")
 
-from fastattn._api import (  # noqa: E402
+from fastattn._softmax import log_softmax, logsumexp, softmax  # noqa: E402
+from fastattn._attention import (  # noqa: E402
     attention_weights,
     causal_attention,
-    get_num_threads,
-    log_softmax,
-    logsumexp,
-    merge_attention,
     scaled_dot_product_attention,
-    set_num_threads,
     sliding_window_attention,
-    softmax,
-    varlen_attention,
 )
+from fastattn._varlen import varlen_attention  # noqa: E402
+from fastattn._merge import merge_attention  # noqa: E402
+from fastattn._threads import get_num_threads, set_num_threads  # noqa: E402
 from fastattn._config import show_config  # noqa: E402
 from fastattn import flash_attn  # noqa: E402,F401  (FlashAttention's Python API)
 from fastattn import reference  # noqa: E402,F401  (the float64 NumPy twin, the tests' oracle)
 
 __version__ = "0.1.0"
 
-__all__ = [  # a literal list, for static analysers; the same names as _api's
+__all__ = [  # a literal list, for static analysers: the modules' __all__ and the config
     "softmax",
     "log_softmax",
     "logsumexp",

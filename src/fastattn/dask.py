@@ -36,7 +36,7 @@ except ImportError as exc:  # pragma: no cover - the optional extra is missing
                       "directory), or dask[array] and distributed") from exc
 
 import fastattn
-from fastattn import _api
+from fastattn._attention import sdpa
 from fastattn._threads import checked_num_threads
 from fastattn._validate import (as_array, as_bool, attention_inputs, foreign_keywords,
                                 int_array, is_bfloat16, is_masked_array, segment_pair,
@@ -274,9 +274,10 @@ def _block(c, *arrays):
     ids = (a["q_ids"], a["kv_ids"]) if "q_ids" in a else None
     # ALiBi's |p_i - j| over global positions: the block's own alignment
     # shifted by c.alibi_shift (no float mask of its rows x keys)
-    o, lse = _api._sdpa(a["q"], a["k"], a["v"], a.get("attn_mask"), False, kw["window"],
-                        kw["scale"], kw["softcap"], a.get("alibi_slopes"), None, ids,
-                        kw["enable_gqa"], True, None, alibi_shift=c.alibi_shift)
+    o, lse = sdpa(a["q"], a["k"], a["v"], a.get("attn_mask"), window=kw["window"],
+                  scale=kw["scale"], softcap=kw["softcap"], alibi_slopes=a.get("alibi_slopes"),
+                  segment_ids=ids, enable_gqa=kw["enable_gqa"], return_lse=True,
+                  alibi_shift=c.alibi_shift)
     before, after = c.pad
     if before or after:
         o = np.pad(o, [(0, 0)] * (o.ndim - 2) + [(before, after), (0, 0)])

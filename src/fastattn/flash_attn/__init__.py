@@ -43,7 +43,7 @@ import numbers
 import numpy as np
 
 import fastattn
-from fastattn import _api  # _paged_sdpa: the kernel's in-place paged read
+from fastattn._attention import paged_sdpa  # the kernel's in-place paged read
 from fastattn._validate import (_FLOAT32_MAX, PAGE_MULTIPLE, _is_torch_tensor, as_array,
                                 check_cu_seqlens, FLASH_ATTN_KEYWORDS, check_out, check_scale,
                                 check_softcap, check_window, foreign_keywords, index,
@@ -1438,9 +1438,9 @@ def _kvcache_attention(q, k_cache, v_cache, table, rows, start, end, causal, win
     uniform = B > 0 and (start == start[0]).all() and (end == end[0]).all()
     if (uniform and paged and not start.any() and block_size % PAGE_MULTIPLE == 0
             and cap is None and alibi is None):
-        o[...], lse[...] = _api._paged_sdpa(_bhld(q), k_cache, v_cache, table, int(end[0]),
-                                            is_causal=causal, window=window, scale=scale,
-                                            return_lse=True)
+        o[...], lse[...] = paged_sdpa(_bhld(q), k_cache, v_cache, table, int(end[0]),
+                                      is_causal=causal, window=window, scale=scale,
+                                      return_lse=True)
     elif uniform and not paged and _arith_rows(rows) is not None:
         sl, s0, s1 = _arith_rows(rows), int(start[0]), int(end[0])
         _, lse[...] = fastattn.scaled_dot_product_attention(
