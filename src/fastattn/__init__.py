@@ -25,10 +25,9 @@ from fastattn._varlen import varlen_attention  # noqa: E402
 from fastattn._merge import merge_attention  # noqa: E402
 from fastattn._threads import get_num_threads, set_num_threads  # noqa: E402
 from fastattn._config import show_config  # noqa: E402
+from fastattn._version import __version__  # noqa: E402
 from fastattn import flash_attn  # noqa: E402,F401  (FlashAttention's Python API)
 from fastattn import reference  # noqa: E402,F401  (the float64 NumPy twin, the tests' oracle)
-
-__version__ = "0.1.0"
 
 __all__ = [  # a literal list, for static analysers: the modules' __all__ and the config
     "softmax",

@@ -4,13 +4,12 @@ from typing import Any, Dict, Literal, Optional, overload
 
 from fastattn import _core
 from fastattn._threads import get_num_threads, openmp_runtime
+from fastattn._version import __version__
 
 _MODES = ("stdout", "dicts")
 
 
 def _config() -> Dict[str, Any]:
-    from fastattn import __version__  # (the package's, set once it is imported)
-
     build = _core.build_info()
     return {
         "version": __version__,
