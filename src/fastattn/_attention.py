@@ -27,6 +27,8 @@ from fastattn._validate import (as_bool, attention_inputs, CAUSAL_KEYWORDS, chec
 __all__ = ["scaled_dot_product_attention", "causal_attention", "sliding_window_attention",
            "attention_weights"]
 
+PAGE_MULTIPLE = _core.KEY_TILE  # a page of a paged cache holds whole key tiles of the kernels
+
 
 def sdpa(q: Any, k: Any, v: Any, attn_mask: Any = None, is_causal: Any = False,
          window: Any = None, scale: Any = None, softcap: Any = None, alibi_slopes: Any = None,
@@ -74,14 +76,15 @@ def paged_sdpa(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seqlen: Any
 
     q (B, Hq, L, D) float32 (any strides with contiguous rows); k_cache,
     v_cache (num_pages, block_size, Hkv, D / Dv) of float32, float16 or
-    bfloat16, with ``block_size`` a multiple of 64 (_validate.PAGE_MULTIPLE);
+    bfloat16, with ``block_size`` a multiple of PAGE_MULTIPLE (64);
     block_table (B, max_pages) of ints: key ``j`` of batch item ``b`` is row
     ``j % block_size`` of page ``block_table[b, j // block_size]``; every
     batch item has ``seqlen`` keys. Query head ``h`` reads kv head
     ``h // (Hq // Hkv)``. Returns out (B, Hq, L, Dv) (and lse (B, Hq, L)),
     bitwise those of scaled_dot_product_attention on the gathered cache.
     """
-    a = paged_inputs(q, k_cache, v_cache, block_table, seqlen, is_causal, window, scale)
+    a = paged_inputs(q, k_cache, v_cache, block_table, seqlen, is_causal, window, scale,
+                     PAGE_MULTIPLE)
     out = new_array((a.B, a.Hq, a.L, a.Dv), "the output")
     lse = new_array((a.B, a.Hq, a.L), "lse") if return_lse else None
     run(a, out, lse)

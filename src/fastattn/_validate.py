@@ -879,9 +879,6 @@ def varlen_inputs(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, 
 # ----------------------------------------------------------------------------
 # A paged KV cache (fastattn.flash_attn's flash_attn_with_kvcache)
 
-PAGE_MULTIPLE = 64  # the key tile: a page of a paged cache holds a whole number of tiles
-
-
 class PagedInputs(NamedTuple):
     """Validated arguments of attention over a paged KV cache: q (B, Hq, L, D)
     float32, k and v the caches (num_pages, block_size, Hkv, D / Dv) as
@@ -911,11 +908,11 @@ class PagedInputs(NamedTuple):
 
 
 def paged_inputs(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seqlen: Any,
-                 is_causal: Any, window: Any, scale: Any) -> PagedInputs:
+                 is_causal: Any, window: Any, scale: Any, page_multiple: int) -> PagedInputs:
     """Validate and convert the arguments of attention over a paged KV cache:
     every batch item's keys are the first `seqlen` rows of its pages, key
     ``j`` row ``j % block_size`` of page ``block_table[b, j // block_size]``,
-    block_size a multiple of PAGE_MULTIPLE."""
+    block_size a multiple of `page_multiple` (the kernels' key tile)."""
     q = as_rows(q, "q")
     k_cache = as_rows(k_cache, "k_cache", half=True)
     v_cache = as_rows(v_cache, "v_cache", half=True)
@@ -930,8 +927,8 @@ def paged_inputs(q: Any, k_cache: Any, v_cache: Any, block_table: Any, seqlen: A
                          f"q {q.shape}")
     if Hkv < 1 or Hq % Hkv != 0:
         raise ValueError(f"q's heads ({Hq}) must be a multiple of the cache's ({Hkv})")
-    if bs % PAGE_MULTIPLE != 0:
-        raise ValueError(f"block_size must be a multiple of {PAGE_MULTIPLE}, got {bs}")
+    if bs % page_multiple != 0:
+        raise ValueError(f"block_size must be a multiple of {page_multiple}, got {bs}")
     # (a private copy: the kernels read it with the GIL released, after the
     # checks below, so no other thread may rewrite it meanwhile)
     table = np.array(block_table, dtype=np.int64, order="C")

@@ -43,10 +43,10 @@ import numbers
 import numpy as np
 
 import fastattn
-from fastattn._attention import paged_sdpa  # the kernel's in-place paged read
-from fastattn._validate import (_FLOAT32_MAX, PAGE_MULTIPLE, _is_torch_tensor, as_array,
-                                check_cu_seqlens, FLASH_ATTN_KEYWORDS, check_out, check_scale,
-                                check_softcap, check_window, foreign_keywords, index,
+from fastattn._attention import PAGE_MULTIPLE, paged_sdpa  # the kernel's in-place paged read
+from fastattn._validate import (_FLOAT32_MAX, _is_torch_tensor, as_array, check_cu_seqlens,
+                                FLASH_ATTN_KEYWORDS, check_out, check_scale, check_softcap,
+                                check_window, foreign_keywords, index,
                                 index_int64, int_array, new_array, shares_memory)
 
 # The FlashAttention release whose Python API this package follows: the names,
