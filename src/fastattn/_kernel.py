@@ -64,13 +64,14 @@ def _layout(arr: np.ndarray, batch: Tuple[int, ...],
 
 
 def kv_operand(arr: np.ndarray) -> Tuple[np.ndarray, int]:
-    """(array the kernel reads, its dtype code): k or v as stored (bfloat16 as
-    its uint16 bits, which NumPy's buffer protocol can export)."""
-    if arr.dtype == np.float32:
-        return arr, _core.DTYPE_F32
-    if arr.dtype == np.float16:
-        return arr, _core.DTYPE_F16
-    return arr.view(np.uint16), _core.DTYPE_BF16
+    """(array the kernel reads, its dtype code): k or v as stored, of one of
+    the kernels' element types (_core.DTYPE_CODES, the rows of csrc/dtypes.h,
+    by NumPy name); a type NumPy's buffer protocol cannot export (ml_dtypes'
+    bfloat16) as the unsigned integers of its bits."""
+    code = _core.DTYPE_CODES[arr.dtype.name]
+    if arr.dtype.kind == "V":
+        arr = arr.view(np.dtype(f"u{arr.dtype.itemsize}"))
+    return arr, code
 
 
 def _dense(a: AttentionInputs, result: np.ndarray, lse: Optional[np.ndarray]) -> Layout:
