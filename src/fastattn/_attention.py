@@ -22,7 +22,8 @@ from fastattn._kernel import run
 from fastattn._threads import get_num_threads
 from fastattn._typing import AttentionResult, Float32Array, SegmentIds, Window, WithLse
 from fastattn._validate import (as_bool, attention_inputs, CAUSAL_KEYWORDS, check_out,
-                                check_window_size, foreign_keywords, new_array, paged_inputs)
+                                check_window_size, foreign_keywords, reject_foreign, new_array,
+                                paged_inputs)
 
 __all__ = ["scaled_dot_product_attention", "causal_attention", "sliding_window_attention",
            "attention_weights"]
@@ -129,7 +130,7 @@ def scaled_dot_product_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike,
                                  sinks: Optional[ArrayLike] = None,
                                  segment_ids: SegmentIds = None, enable_gqa: bool = False,
                                  return_lse: bool = False,
-                                 out: Optional[Float32Array] = None) -> AttentionResult:
+                                 out: Optional[Float32Array] = None, **_foreign: Any) -> AttentionResult:
     """Scaled dot-product attention, fused, tiled and exact in float32.
 
     ``softmax(scale * q @ k.T + mask) @ v`` over the allowed keys, computed
@@ -304,6 +305,8 @@ def scaled_dot_product_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike,
     >>> o.ravel().round(4), np.exp(lse).round(4)
     (array([0.    , 0.2   , 0.5   , 0.8571], dtype=float32), array([[4., 5., 6., 7.]], dtype=float32))
     """
+    if _foreign:
+        reject_foreign(scaled_dot_product_attention, _foreign)
     return sdpa(q, k, v, attn_mask, is_causal, window, scale, softcap, alibi_slopes, sinks,
                  segment_ids, enable_gqa, return_lse, out)
 
@@ -339,7 +342,7 @@ def causal_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike,
                      alibi_slopes: Optional[ArrayLike] = None, sinks: Optional[ArrayLike] = None,
                      segment_ids: SegmentIds = None, enable_gqa: bool = False,
                      return_lse: bool = False,
-                     out: Optional[Float32Array] = None) -> AttentionResult:
+                     out: Optional[Float32Array] = None, **_foreign: Any) -> AttentionResult:
     """Causal scaled dot-product attention: ``is_causal=True``.
 
     Query row ``i`` attends to keys ``j <= i + S - L`` (bottom-right aligned).
@@ -370,6 +373,8 @@ def causal_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike,
     >>> fastattn.causal_attention(q, k, v)[0]  # the first query sees only key 0
     array([1.], dtype=float32)
     """
+    if _foreign:
+        reject_foreign(causal_attention, _foreign)
     return sdpa(q, k, v, attn_mask, True, window, scale, softcap, alibi_slopes, sinks,
                  segment_ids, enable_gqa, return_lse, out)
 
@@ -406,7 +411,7 @@ def sliding_window_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, window_si
                              alibi_slopes: Optional[ArrayLike] = None,
                              sinks: Optional[ArrayLike] = None, segment_ids: SegmentIds = None,
                              enable_gqa: bool = False, return_lse: bool = False,
-                             out: Optional[Float32Array] = None) -> AttentionResult:
+                             out: Optional[Float32Array] = None, **_foreign: Any) -> AttentionResult:
     """Causal attention over a sliding window of `window_size` keys.
 
     Each query sees itself and the ``window_size - 1`` keys before it:
@@ -449,6 +454,8 @@ def sliding_window_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, window_si
     >>> fastattn.sliding_window_attention(q, k, v, 2).ravel()  # mean of v[i-1], v[i]
     array([0. , 0.5, 1.5, 2.5], dtype=float32)
     """
+    if _foreign:
+        reject_foreign(sliding_window_attention, _foreign)
     return sdpa(q, k, v, attn_mask, is_causal, check_window_size(window_size), scale, softcap,
                  alibi_slopes, sinks, segment_ids, enable_gqa, return_lse, out)
 
@@ -459,7 +466,7 @@ def attention_weights(q: ArrayLike, k: ArrayLike, attn_mask: Optional[ArrayLike]
                       is_causal: bool = False, window: Window = None,
                       scale: Optional[float] = None, softcap: Optional[float] = None,
                       alibi_slopes: Optional[ArrayLike] = None, sinks: Optional[ArrayLike] = None,
-                      segment_ids: SegmentIds = None, enable_gqa: bool = False) -> Float32Array:
+                      segment_ids: SegmentIds = None, enable_gqa: bool = False, **_foreign: Any) -> Float32Array:
     """The attention weights of :func:`scaled_dot_product_attention`.
 
     For inspection and plotting: O(L x S) memory by nature.
@@ -494,6 +501,8 @@ def attention_weights(q: ArrayLike, k: ArrayLike, attn_mask: Optional[ArrayLike]
     >>> w.round(4), float(w.sum())
     (array([[0.4011, 0.1978, 0.4011]], dtype=float32), 1.0)
     """
+    if _foreign:
+        reject_foreign(attention_weights, _foreign)
     a = attention_inputs(q, k, None, attn_mask, is_causal, window, scale, enable_gqa,
                          with_v=False, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
                          segment_ids=segment_ids)

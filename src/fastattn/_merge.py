@@ -6,21 +6,22 @@ place by _core.merge (their own kernel: no attention record).
 from __future__ import annotations  # help() shows the annotations as written
 
 import math
-from typing import Optional
+from typing import Any, Optional
 
 from numpy.typing import ArrayLike
 
 from fastattn import _core
 from fastattn._threads import get_num_threads
 from fastattn._typing import Float32Array, WithLse
-from fastattn._validate import check_out, foreign_keywords, merge_inputs, new_array
+from fastattn._validate import (check_out, foreign_keywords, reject_foreign, merge_inputs,
+                                new_array)
 
 __all__ = ["merge_attention"]
 
 
 @foreign_keywords
 def merge_attention(outs: ArrayLike, lses: ArrayLike, *,
-                    out: Optional[Float32Array] = None) -> WithLse:
+                    out: Optional[Float32Array] = None, **_foreign: Any) -> WithLse:
     """Merge attention results computed over disjoint sets of keys.
 
     With the keys split into parts and ``o_p, lse_p =
@@ -112,6 +113,8 @@ def merge_attention(outs: ArrayLike, lses: ArrayLike, *,
     >>> o, lse
     (array([[1., 2.]], dtype=float32), array([0.5], dtype=float32))
     """
+    if _foreign:
+        reject_foreign(merge_attention, _foreign)
     parts, part_lses, shape = merge_inputs(outs, lses)
     if out is not None:
         check_out(out, shape, [("outs", parts), ("lses", part_lses), ("outs", outs),

@@ -7,7 +7,7 @@ _core.rowwise runs the operation over the rows with the GIL released.
 from __future__ import annotations  # help() shows the annotations as written
 
 import math
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -15,8 +15,8 @@ from numpy.typing import ArrayLike, NDArray
 from fastattn import _core
 from fastattn._docs import ROWWISE_NOTES, ROWWISE_RAISES, fill
 from fastattn._threads import get_num_threads
-from fastattn._validate import (as_bool, as_float32, check_out, foreign_keywords, new_array,
-                                normalize_axis)
+from fastattn._validate import (as_bool, as_float32, check_out, foreign_keywords, reject_foreign,
+                                new_array, normalize_axis)
 
 __all__ = ["softmax", "log_softmax", "logsumexp"]
 
@@ -57,7 +57,7 @@ def _rowwise(x, axis, out, op, keepdims=False):
 @foreign_keywords
 @fill(raises=ROWWISE_RAISES, notes=ROWWISE_NOTES)
 def softmax(x: ArrayLike, axis: int = -1, *,
-            out: Optional[NDArray[np.float32]] = None) -> NDArray[np.float32]:
+            out: Optional[NDArray[np.float32]] = None, **_foreign: Any) -> NDArray[np.float32]:
     """Numerically stable softmax along an axis.
 
     Parameters
@@ -93,13 +93,15 @@ def softmax(x: ArrayLike, axis: int = -1, *,
     >>> fastattn.softmax(np.array([1e30, -np.inf, 0.0]))
     array([1., 0., 0.], dtype=float32)
     """
+    if _foreign:
+        reject_foreign(softmax, _foreign)
     return _rowwise(x, axis, out, _core.OP_SOFTMAX)
 
 
 @foreign_keywords
 @fill(raises=ROWWISE_RAISES, notes=ROWWISE_NOTES)
 def log_softmax(x: ArrayLike, axis: int = -1, *,
-                out: Optional[NDArray[np.float32]] = None) -> NDArray[np.float32]:
+                out: Optional[NDArray[np.float32]] = None, **_foreign: Any) -> NDArray[np.float32]:
     """Numerically stable log of the softmax along an axis.
 
     Parameters
@@ -128,13 +130,15 @@ def log_softmax(x: ArrayLike, axis: int = -1, *,
     >>> fastattn.log_softmax(np.array([0.0, 0.0])).round(4)
     array([-0.6931, -0.6931], dtype=float32)
     """
+    if _foreign:
+        reject_foreign(log_softmax, _foreign)
     return _rowwise(x, axis, out, _core.OP_LOG_SOFTMAX)
 
 
 @foreign_keywords
 @fill(raises=ROWWISE_RAISES, notes=ROWWISE_NOTES)
 def logsumexp(x: ArrayLike, axis: int = -1, *, keepdims: bool = False,
-              out: Optional[NDArray[np.float32]] = None) -> NDArray[np.float32]:
+              out: Optional[NDArray[np.float32]] = None, **_foreign: Any) -> NDArray[np.float32]:
     """Numerically stable ``log(sum(exp(x)))`` along an axis.
 
     Parameters
@@ -167,5 +171,7 @@ def logsumexp(x: ArrayLike, axis: int = -1, *, keepdims: bool = False,
     >>> fastattn.logsumexp(np.zeros((2, 0)))
     array([-inf, -inf], dtype=float32)
     """
+    if _foreign:
+        reject_foreign(logsumexp, _foreign)
     keepdims = as_bool(keepdims, "keepdims")
     return _rowwise(x, axis, out, _core.OP_LOGSUMEXP, keepdims=keepdims)

@@ -6,13 +6,14 @@ lie in the packed arrays).
 """
 from __future__ import annotations  # help() shows the annotations as written
 
-from typing import Optional
+from typing import Any, Optional
 
 from numpy.typing import ArrayLike
 
 from fastattn._kernel import run
 from fastattn._typing import AttentionResult, Float32Array, Window
-from fastattn._validate import as_bool, check_out, foreign_keywords, new_array, varlen_inputs
+from fastattn._validate import (as_bool, check_out, foreign_keywords, reject_foreign, new_array,
+                                varlen_inputs)
 
 __all__ = ["varlen_attention"]
 
@@ -23,7 +24,7 @@ def varlen_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: Arr
                      scale: Optional[float] = None, softcap: Optional[float] = None,
                      alibi_slopes: Optional[ArrayLike] = None,
                      sinks: Optional[ArrayLike] = None, return_lse: bool = False,
-                     out: Optional[Float32Array] = None) -> AttentionResult:
+                     out: Optional[Float32Array] = None, **_foreign: Any) -> AttentionResult:
     """Attention over packed sequences of different lengths (FlashAttention's varlen form).
 
     The sequences lie one after another along the token axis; sequence ``b``
@@ -115,6 +116,8 @@ def varlen_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: Arr
     >>> fastattn.varlen_attention(x, x, v, cu, cu, is_causal=True).ravel()
     array([0. , 0.5, 2. , 2.5, 3. ], dtype=float32)
     """
+    if _foreign:
+        reject_foreign(varlen_attention, _foreign)
     a = varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal, window, scale, softcap,
                       alibi_slopes, sinks)
     total_q = a.q.shape[0]
