@@ -1,5 +1,5 @@
 /*
- * vec_avx2.h -- the vector vocabulary (vec.h) for AVX2 + FMA: eight float
+ * vec_avx2.h -- the vector vocabulary (see vec_math.h) for AVX2 + FMA: eight float
  * lanes in a ymm register, masks as vectors of all-ones / zero lanes.
  *
  * The including file defines FA_TARGET (a target attribute with AVX2 and
