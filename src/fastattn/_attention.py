@@ -21,9 +21,9 @@ from fastattn._docs import ATTENTION_RULES, fill
 from fastattn._kernel import run
 from fastattn._threads import get_num_threads
 from fastattn._typing import AttentionResult, Float32Array, SegmentIds, Window, WithLse
-from fastattn._validate import (as_bool, attention_inputs, CAUSAL_KEYWORDS, check_out,
-                                check_window_size, foreign_keywords, reject_foreign, new_array,
-                                paged_inputs)
+from fastattn._validate import (as_bool, attention_inputs, CAUSAL_KEYWORDS, check_window_size,
+                                foreign_keywords, reject_foreign, new_array, paged_inputs,
+                                result_array)
 
 __all__ = ["scaled_dot_product_attention", "causal_attention", "sliding_window_attention",
            "attention_weights"]
@@ -59,12 +59,9 @@ def sdpa(q: Any, k: Any, v: Any, attn_mask: Any = None, is_causal: Any = False,
                          segment_ids=segment_ids)
     shape = a.batch + (a.L, a.Dv)
     return_lse = as_bool(return_lse, "return_lse")
-    if out is not None:
-        check_out(out, shape, [("q", q), ("k", k), ("v", v), ("attn_mask", attn_mask),
-                               ("alibi_slopes", alibi_slopes), ("sinks", sinks),
-                               ("segment_ids", segment_ids)] + a.arrays())
-    else:
-        out = new_array(shape, "the output")
+    out = result_array(out, shape, [("q", q), ("k", k), ("v", v), ("attn_mask", attn_mask),
+                                    ("alibi_slopes", alibi_slopes), ("sinks", sinks),
+                                    ("segment_ids", segment_ids)] + a.arrays())
     lse = new_array(a.batch + (a.L,), "lse") if return_lse else None
     run(a, out, lse, alibi_shift=alibi_shift)
     return (out, lse) if return_lse else out

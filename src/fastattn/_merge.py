@@ -13,8 +13,8 @@ from numpy.typing import ArrayLike
 from fastattn import _core
 from fastattn._threads import get_num_threads
 from fastattn._typing import Float32Array, WithLse
-from fastattn._validate import (check_out, foreign_keywords, reject_foreign, merge_inputs,
-                                new_array)
+from fastattn._validate import (foreign_keywords, reject_foreign, merge_inputs, new_array,
+                                result_array)
 
 __all__ = ["merge_attention"]
 
@@ -116,11 +116,8 @@ def merge_attention(outs: ArrayLike, lses: ArrayLike, *,
     if _foreign:
         reject_foreign(merge_attention, _foreign)
     parts, part_lses, shape = merge_inputs(outs, lses)
-    if out is not None:
-        check_out(out, shape, [("outs", parts), ("lses", part_lses), ("outs", outs),
-                               ("lses", lses)])
-    else:
-        out = new_array(shape, "the output")
+    out = result_array(out, shape, [("outs", parts), ("lses", part_lses), ("outs", outs),
+                                    ("lses", lses)])
     lse = new_array(shape[:-1], "lse")
     _core.merge([a.reshape(-1) for a in parts], [a.reshape(-1) for a in part_lses],
                 math.prod(shape[:-1]), shape[-1], out.reshape(-1), lse.reshape(-1),

@@ -363,6 +363,16 @@ def new_array(shape: Sequence[int], what: str, dtype: Any = np.float32,
                           f"allocated") from None
 
 
+def result_array(out: Any, shape: Sequence[int], inputs: Iterable[Tuple[str, Any]]) -> np.ndarray:
+    """The array a call writes its result into: `out` once check_out has
+    passed it (`inputs`: the call's arguments, named), else a new float32
+    array of `shape`."""
+    if out is None:
+        return new_array(shape, "the output")
+    check_out(out, shape, inputs)
+    return out
+
+
 def check_out(out: Any, shape: Sequence[int], inputs: Iterable[Tuple[str, Any]]) -> None:
     """Check an `out=` array before anything is written: a writeable, C-contiguous
     float32 ndarray of exactly `shape`, overlapping no input.

@@ -12,8 +12,8 @@ from numpy.typing import ArrayLike
 
 from fastattn._kernel import run
 from fastattn._typing import AttentionResult, Float32Array, Window
-from fastattn._validate import (as_bool, check_out, foreign_keywords, reject_foreign, new_array,
-                                varlen_inputs)
+from fastattn._validate import (as_bool, foreign_keywords, reject_foreign, new_array,
+                                varlen_inputs, result_array)
 
 __all__ = ["varlen_attention"]
 
@@ -123,12 +123,11 @@ def varlen_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: Arr
     total_q = a.q.shape[0]
     shape = (total_q, a.Hq, a.Dv)
     return_lse = as_bool(return_lse, "return_lse")
-    if out is not None:
-        check_out(out, shape, [("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q),
-                               ("cu_seqlens_k", cu_seqlens_k), ("alibi_slopes", alibi_slopes),
-                               ("sinks", sinks)] + a.arrays())
-    else:
-        out = new_array(shape, "the output")
+    out = result_array(out, shape, [("q", q), ("k", k), ("v", v),
+                                    ("cu_seqlens_q", cu_seqlens_q),
+                                    ("cu_seqlens_k", cu_seqlens_k),
+                                    ("alibi_slopes", alibi_slopes), ("sinks", sinks)]
+                       + a.arrays())
     lse = new_array((total_q, a.Hq), "lse") if return_lse else None
     run(a, out, lse)
     if lse is not None:
