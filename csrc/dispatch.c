@@ -9,15 +9,24 @@
 static const fa_kernel_table *fa_active = NULL;
 
 /* The variants this build compiles (variants.def): ANY in every build, X86
- * where fa_kernels.h defines FA_HAVE_X86_VARIANTS. */
+ * and ARM64 where fa_kernels.h defines FA_HAVE_X86_VARIANTS or
+ * FA_HAVE_ARM64_VARIANTS. */
 #define FA_IF_ANY(x) x
 #if defined(FA_HAVE_X86_VARIANTS)
 #define FA_IF_X86(x) x
 #else
 #define FA_IF_X86(x)
 #endif
+#if defined(FA_HAVE_ARM64_VARIANTS)
+#define FA_IF_ARM64(x) x
+#else
+#define FA_IF_ARM64(x)
+#endif
 
-#if defined(__GNUC__) || defined(__clang__)
+/* CPU features by name: the x86 variants' tests (gcc's and clang's
+ * __builtin_cpu_supports reads CPUID there; not every compiler has it for
+ * other architectures, whose variants need no test). */
+#if defined(FA_HAVE_X86_VARIANTS)
 #define FA_CPU(feature) __builtin_cpu_supports(feature)
 #define FA_CPU_INIT() __builtin_cpu_init()
 #else

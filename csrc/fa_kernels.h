@@ -23,6 +23,13 @@
     && (defined(__x86_64__) || defined(__i386__))
 #define FA_HAVE_X86_VARIANTS 1
 #endif
+/* aarch64 builds with gcc or clang (Linux, macOS) also compile the NEON
+ * variant: Advanced SIMD is part of every AArch64 CPU, so it needs no target
+ * attribute and no run-time test. */
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(_MSC_VER) && defined(__aarch64__) \
+    && defined(__ARM_NEON)
+#define FA_HAVE_ARM64_VARIANTS 1
+#endif
 
 /* Query rows per attention work unit (multiples of every MR and of the
  * rows-as-lanes kernels' FA_QT_ROWS): FA_BQ_IN_PLACE where a unit reads its

@@ -1,5 +1,6 @@
 """The SIMD kernel paths: selection, and the accuracy of the exponentials."""
 import os
+import platform
 import subprocess
 import sys
 
@@ -30,6 +31,18 @@ def test_fastattn_simd_variable_forces_a_path(path):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == path
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("aarch64", "arm64"),
+                    reason="the NEON variant is built on aarch64 only")
+def test_neon_is_built_and_chosen_on_aarch64():
+    # Every AArch64 CPU has NEON: the automatic choice takes it.
+    assert "neon" in SIMD_PATHS
+    code = "import fastattn; print(fastattn.show_config(mode='dicts')['simd'])"
+    env = {k: v for k, v in os.environ.items() if k != "FASTATTN_SIMD"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "neon"
 
 
 def test_unknown_simd_request_warns_and_falls_back():

@@ -8,7 +8,7 @@ import warnings as _warnings
 
 from fastattn import _core
 
-try:  # FASTATTN_SIMD=generic|avx2|avx512|auto forces a kernel path (default: auto)
+try:  # FASTATTN_SIMD=generic|avx2|avx512|neon|auto forces a kernel path (default: auto)
     _core.select_simd(_os.environ.get("FASTATTN_SIMD", "auto").strip().lower() or "auto")
 except ValueError as _exc:
     _warnings.warn(f"FASTATTN_SIMD ignored: {_exc}", RuntimeWarning, stacklevel=2)

@@ -745,7 +745,7 @@ def tanh(const float[::1] x, float[::1] y):
 
 
 def select_simd(str name):
-    """Use the SIMD variant `name` ("auto", "generic", "avx2", "avx512") from now on.
+    """Use the SIMD variant `name` ("auto", "generic", "avx2", "avx512", "neon") from now on.
 
     Raises ValueError for a name this CPU or build cannot run."""
     if fa_select_simd(name.encode()) != FA_OK:
