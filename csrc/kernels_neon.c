@@ -18,6 +18,7 @@
  * four loads of B feed 24 multiply-adds a step of d, so the FMA pipes (two
  * to four of 128 bits on current cores) bound it, not the loads. */
 #define FA_MR 6
+typedef char fa_neon_six_rows[FA_MR == 6 ? 1 : -1]; /* (gemm_block's packed loads) */
 
 #include "fa_internal.h"
 #include "microkernels.h"
@@ -59,7 +60,11 @@ static FA_ALWAYS_INLINE void load_transpose4_neon(const char *const row[4], int6
 
 /* One 6 x 16 block of C = (A . B) scale in 24 accumulators, one fused
  * multiply-add per element and step of d, d ascending; with alpha, C = C *
- * alpha + A . B (microkernels.h's gemm_block). */
+ * alpha + A . B (microkernels.h's gemm_block). Where A is packed d by d (ars
+ * = 1: a step's six elements side by side; the score and most P.V calls) they
+ * are two loads, used by lane (fmla by element: the broadcast's value) so that
+ * the block keeps 24 + 4 + 2 registers; gcc, given six broadcasts, keeps six
+ * scalars live and spills two accumulators. Row-major A broadcasts. */
 static FA_ALWAYS_INLINE FA_TARGET void FA_NAME(gemm_block)(const float *a, int64_t ars,
                                                           int64_t ads, const float *b,
                                                           int64_t ldb, int64_t K, float *c,
@@ -72,16 +77,38 @@ static FA_ALWAYS_INLINE FA_TARGET void FA_NAME(gemm_block)(const float *a, int64
     for (r = 0; r < FA_MR; r++)
         for (j = 0; j < 4; j++)
             acc[r][j] = vdupq_n_f32(0.0f);
-    for (d = 0; d < K; d++) {
-        const float *bd = b + d * ldb;
-        const float32x4_t b0 = vld1q_f32(bd), b1 = vld1q_f32(bd + 4);
-        const float32x4_t b2 = vld1q_f32(bd + 8), b3 = vld1q_f32(bd + 12);
-        for (r = 0; r < FA_MR; r++) {
-            const float32x4_t ar = vld1q_dup_f32(a + r * ars + d * ads);
-            acc[r][0] = vfmaq_f32(acc[r][0], ar, b0);
-            acc[r][1] = vfmaq_f32(acc[r][1], ar, b1);
-            acc[r][2] = vfmaq_f32(acc[r][2], ar, b2);
-            acc[r][3] = vfmaq_f32(acc[r][3], ar, b3);
+    if (ars == 1) {
+        for (d = 0; d < K; d++) {
+            const float *bd = b + d * ldb, *ad = a + d * ads;
+            const float32x4_t b0 = vld1q_f32(bd), b1 = vld1q_f32(bd + 4);
+            const float32x4_t b2 = vld1q_f32(bd + 8), b3 = vld1q_f32(bd + 12);
+            const float32x4_t a0 = vld1q_f32(ad);
+            const float32x2_t a4 = vld1_f32(ad + 4);
+#define FA_ROW(r, x, fma, lane)                                                                \
+    acc[r][0] = fma(acc[r][0], b0, x, lane);                                                   \
+    acc[r][1] = fma(acc[r][1], b1, x, lane);                                                   \
+    acc[r][2] = fma(acc[r][2], b2, x, lane);                                                   \
+    acc[r][3] = fma(acc[r][3], b3, x, lane);
+            FA_ROW(0, a0, vfmaq_laneq_f32, 0)
+            FA_ROW(1, a0, vfmaq_laneq_f32, 1)
+            FA_ROW(2, a0, vfmaq_laneq_f32, 2)
+            FA_ROW(3, a0, vfmaq_laneq_f32, 3)
+            FA_ROW(4, a4, vfmaq_lane_f32, 0)
+            FA_ROW(5, a4, vfmaq_lane_f32, 1)
+#undef FA_ROW
+        }
+    } else {
+        for (d = 0; d < K; d++) {
+            const float *bd = b + d * ldb;
+            const float32x4_t b0 = vld1q_f32(bd), b1 = vld1q_f32(bd + 4);
+            const float32x4_t b2 = vld1q_f32(bd + 8), b3 = vld1q_f32(bd + 12);
+            for (r = 0; r < FA_MR; r++) {
+                const float32x4_t ar = vld1q_dup_f32(a + r * ars + d * ads);
+                acc[r][0] = vfmaq_f32(acc[r][0], ar, b0);
+                acc[r][1] = vfmaq_f32(acc[r][1], ar, b1);
+                acc[r][2] = vfmaq_f32(acc[r][2], ar, b2);
+                acc[r][3] = vfmaq_f32(acc[r][3], ar, b3);
+            }
         }
     }
     for (r = 0; r < FA_MR; r++) {
@@ -171,22 +198,27 @@ static FA_ALWAYS_INLINE void few_scores_n_neon(const float *q, const int nr, con
         for (r = 0; r < nr; r++)
             acc0[r] = acc1[r] = vdupq_n_f32(0.0f);
         for (d = 0; d + 4 <= D; d += 4) {
-            float32x4_t c0[4], c1[4];
+            float32x4_t c[4];
             if (ahead && ((d * esz) & 63) == 0)
                 for (i = 0; i < 8; i++)
                     fa_prefetch_rows(kr[i], ahead + d * esz, contig);
-            load_transpose4_neon(kr, d * esz, dt, c0);
-            load_transpose4_neon(kr + 4, d * esz, dt, c1);
+            /* (each group's four registers used before the next is loaded:
+             * 2 nr accumulators + 4 + the loads fit 32 registers at nr = 8) */
+            load_transpose4_neon(kr, d * esz, dt, c);
             for (r = 0; r < nr; r++) {
                 const float32x4_t qv = vld1q_f32(q + r * D + d);
-                acc0[r] = vfmaq_laneq_f32(acc0[r], c0[0], qv, 0);
-                acc1[r] = vfmaq_laneq_f32(acc1[r], c1[0], qv, 0);
-                acc0[r] = vfmaq_laneq_f32(acc0[r], c0[1], qv, 1);
-                acc1[r] = vfmaq_laneq_f32(acc1[r], c1[1], qv, 1);
-                acc0[r] = vfmaq_laneq_f32(acc0[r], c0[2], qv, 2);
-                acc1[r] = vfmaq_laneq_f32(acc1[r], c1[2], qv, 2);
-                acc0[r] = vfmaq_laneq_f32(acc0[r], c0[3], qv, 3);
-                acc1[r] = vfmaq_laneq_f32(acc1[r], c1[3], qv, 3);
+                acc0[r] = vfmaq_laneq_f32(acc0[r], c[0], qv, 0);
+                acc0[r] = vfmaq_laneq_f32(acc0[r], c[1], qv, 1);
+                acc0[r] = vfmaq_laneq_f32(acc0[r], c[2], qv, 2);
+                acc0[r] = vfmaq_laneq_f32(acc0[r], c[3], qv, 3);
+            }
+            load_transpose4_neon(kr + 4, d * esz, dt, c);
+            for (r = 0; r < nr; r++) {
+                const float32x4_t qv = vld1q_f32(q + r * D + d);
+                acc1[r] = vfmaq_laneq_f32(acc1[r], c[0], qv, 0);
+                acc1[r] = vfmaq_laneq_f32(acc1[r], c[1], qv, 1);
+                acc1[r] = vfmaq_laneq_f32(acc1[r], c[2], qv, 2);
+                acc1[r] = vfmaq_laneq_f32(acc1[r], c[3], qv, 3);
             }
         }
         for (; d < D; d++) {
