@@ -32,14 +32,42 @@
 
 #define FA_MAX_PARTIAL (32.0 * 1024 * 1024) /* bytes of partials for split units, at most */
 
-/* A thread's working memory is one allocation, carved into the buffers of
- * fa_scratch, each FA_SCRATCH_ALIGN-aligned and followed by a gap of that
- * size; under AddressSanitizer the gaps are poisoned, so an overrun of any
- * one buffer is still reported. */
+/* A thread's working memory is one allocation, carved into buffers
+ * (fa_arena, which the backward's scratch uses too). */
 #define FA_SCRATCH_ALIGN 64
 #ifdef FA_ASAN
 #include <sanitizer/asan_interface.h>
 #endif
+
+void *fa_arena(const size_t *sizes, int n, void **const *slots)
+{
+    size_t offs[FA_ARENA_MAX], total = 0;
+    char *base;
+    void *arena;
+    int i;
+    if (n < 1 || n > FA_ARENA_MAX)
+        return NULL;
+    for (i = 0; i < n; i++) {
+        offs[i] = total;
+        total += (sizes[i] + 2 * FA_SCRATCH_ALIGN - 1) / FA_SCRATCH_ALIGN * FA_SCRATCH_ALIGN;
+    }
+    arena = malloc(total + FA_SCRATCH_ALIGN);
+    if (!arena)
+        return NULL;
+    base = (char *)arena + (FA_SCRATCH_ALIGN - (uintptr_t)arena % FA_SCRATCH_ALIGN)
+                               % FA_SCRATCH_ALIGN;
+    for (i = 0; i < n; i++) {
+        *slots[i] = base + offs[i];
+#ifdef FA_ASAN
+        /* all bits set (a NaN): what a kernel reads before it writes shows
+         * (unit_common.inc's qt_tile checks its padding rows) */
+        memset(base + offs[i], 0xFF, sizes[i]);
+        ASAN_POISON_MEMORY_REGION(base + offs[i] + sizes[i],
+                                  (i + 1 < n ? offs[i + 1] : total) - offs[i] - sizes[i]);
+#endif
+    }
+    return arena;
+}
 
 static void scratch_free(fa_scratch *w)
 {
@@ -78,9 +106,6 @@ static int scratch_alloc(fa_scratch *w, int64_t D, int64_t Dv, int64_t bq)
         B * Dp * sizeof(float),                /* qt */
     };
     void **slots[FA_SCRATCH_BUFFERS];
-    size_t offs[FA_SCRATCH_BUFFERS], total = 0;
-    char *base;
-    int i;
     memset(w, 0, sizeof *w);
     if ((uint64_t)D > ((uint64_t)1 << 40) / FA_BQ || (uint64_t)Dv > ((uint64_t)1 << 40) / FA_BQ)
         return FA_ERR_NOMEM;
@@ -105,25 +130,9 @@ static int scratch_alloc(fa_scratch *w, int64_t D, int64_t Dv, int64_t bq)
     slots[18] = (void **)&w->tmax;
     slots[19] = (void **)&w->pvo;
     slots[20] = (void **)&w->qt;
-    for (i = 0; i < FA_SCRATCH_BUFFERS; i++) {
-        offs[i] = total;
-        total += (sizes[i] + 2 * FA_SCRATCH_ALIGN - 1) / FA_SCRATCH_ALIGN * FA_SCRATCH_ALIGN;
-    }
-    w->arena = malloc(total + FA_SCRATCH_ALIGN);
+    w->arena = fa_arena(sizes, FA_SCRATCH_BUFFERS, slots);
     if (!w->arena)
         return FA_ERR_NOMEM;
-    base = (char *)w->arena + (FA_SCRATCH_ALIGN - (uintptr_t)w->arena % FA_SCRATCH_ALIGN)
-                                  % FA_SCRATCH_ALIGN;
-    for (i = 0; i < FA_SCRATCH_BUFFERS; i++) {
-        *slots[i] = base + offs[i];
-#ifdef FA_ASAN
-        /* all bits set (a NaN): what a kernel reads before it writes shows
-         * (unit_common.inc's qt_tile checks its padding rows) */
-        memset(base + offs[i], 0xFF, sizes[i]);
-        ASAN_POISON_MEMORY_REGION(base + offs[i] + sizes[i],
-                                  (i + 1 < FA_SCRATCH_BUFFERS ? offs[i + 1] : total) - offs[i] - sizes[i]);
-#endif
-    }
     w->Dvp = (int64_t)Dvp;
     w->bq = bq;
     return FA_OK;
@@ -178,7 +187,7 @@ static int reach(int64_t *lo, int64_t *hi, int64_t n, int64_t st)
 
 /* 1 if the elements off + i st1 + j st2 + [0, width) for i < n1, j < n2 all
  * lie in s (trivially when there are none). */
-static int in_span(fa_span s, int64_t off, int64_t n1, int64_t st1, int64_t n2, int64_t st2,
+int fa_in_span(fa_span s, int64_t off, int64_t n1, int64_t st1, int64_t n2, int64_t st2,
                    int64_t width)
 {
     int64_t lo = off, hi = off;
@@ -196,12 +205,12 @@ static int in_span(fa_span s, int64_t off, int64_t n1, int64_t st1, int64_t n2, 
 static int item_in_bounds(const fa_attn_args *a, int64_t b, int weights, int with_lse)
 {
     const int64_t L = a->L, S = a->S;
-    if (!in_span(a->q_span, a->q_off[b], L, a->q_rs, 1, 0, a->D))
+    if (!fa_in_span(a->q_span, a->q_off[b], L, a->q_rs, 1, 0, a->D))
         return 0;
     if (a->o_off && !weights) {
-        if (!in_span(a->out_span, a->o_off[b], L, a->o_rs, 1, 0, a->Dv))
+        if (!fa_in_span(a->out_span, a->o_off[b], L, a->o_rs, 1, 0, a->Dv))
             return 0;
-        if (with_lse && !in_span(a->lse_span, a->lse_off[b], L, a->lse_rs, 1, 0, 1))
+        if (with_lse && !fa_in_span(a->lse_span, a->lse_off[b], L, a->lse_rs, 1, 0, 1))
             return 0;
     }
     if (S == 0)
@@ -212,29 +221,29 @@ static int item_in_bounds(const fa_attn_args *a, int64_t b, int weights, int wit
         const int64_t pages = (S + bs - 1) / bs;
         if (a->bt_off[b] < 0 || a->bt_off[b] > a->bt_len - pages)
             return 0;
-        if (!in_span(a->k_span, a->k_off[b], rows, a->k_rs, a->num_pages, a->k_ps, a->D))
+        if (!fa_in_span(a->k_span, a->k_off[b], rows, a->k_rs, a->num_pages, a->k_ps, a->D))
             return 0;
-        if (!weights && !in_span(a->v_span, a->v_off[b], rows, a->v_rs, a->num_pages, a->v_ps,
+        if (!weights && !fa_in_span(a->v_span, a->v_off[b], rows, a->v_rs, a->num_pages, a->v_ps,
                                  a->Dv))
             return 0;
     } else {
-        if (!in_span(a->k_span, a->k_off[b], S, a->k_rs, 1, 0, a->D))
+        if (!fa_in_span(a->k_span, a->k_off[b], S, a->k_rs, 1, 0, a->D))
             return 0;
-        if (!weights && !in_span(a->v_span, a->v_off[b], S, a->v_rs, 1, 0, a->Dv))
+        if (!weights && !fa_in_span(a->v_span, a->v_off[b], S, a->v_rs, 1, 0, a->Dv))
             return 0;
     }
     if (a->mask_kind != FA_MASK_NONE
-        && !in_span(a->mask_span, a->mask_off[b], L, a->mask_sl, S, a->mask_ss, 1))
+        && !fa_in_span(a->mask_span, a->mask_off[b], L, a->mask_sl, S, a->mask_ss, 1))
         return 0;
-    if (a->seg_q && (!in_span(a->seg_q_span, a->seg_q_off[b], L, a->seg_q_sl, 1, 0, 1)
-                     || !in_span(a->seg_k_span, a->seg_k_off[b], S, a->seg_k_ss, 1, 0, 1)))
+    if (a->seg_q && (!fa_in_span(a->seg_q_span, a->seg_q_off[b], L, a->seg_q_sl, 1, 0, 1)
+                     || !fa_in_span(a->seg_k_span, a->seg_k_off[b], S, a->seg_k_ss, 1, 0, 1)))
         return 0;
     return 1;
 }
 
 /* The checks every entry point makes before any work: the arguments' domains,
  * then the bounds of every array (see "Bounds" in fastattn.h). */
-static int check_args(const fa_attn_args *a, int nthreads, int weights, int with_lse)
+int fa_check_args(const fa_attn_args *a, int nthreads, int weights, int with_lse)
 {
     int64_t b, rows;
     if (!a || nthreads < 1)
@@ -276,9 +285,9 @@ static int check_args(const fa_attn_args *a, int nthreads, int weights, int with
     if (a->nbatch > FA_REACH / a->L)
         return FA_ERR_ARG;
     rows = a->nbatch * a->L;
-    if (weights ? !in_span(a->out_span, 0, rows, a->S, 1, 0, a->S)
-                : !a->o_off && (!in_span(a->out_span, 0, rows, a->Dv, 1, 0, a->Dv)
-                                || (with_lse && !in_span(a->lse_span, 0, rows, 1, 1, 0, 1))))
+    if (weights ? !fa_in_span(a->out_span, 0, rows, a->S, 1, 0, a->S)
+                : !a->o_off && (!fa_in_span(a->out_span, 0, rows, a->Dv, 1, 0, a->Dv)
+                                || (with_lse && !fa_in_span(a->lse_span, 0, rows, 1, 1, 0, 1))))
         return FA_ERR_ARG;
     for (b = 0; b < a->nbatch; b++)
         if (!item_in_bounds(a, b, weights, with_lse))
@@ -1004,7 +1013,7 @@ static int run_problems(const fa_attn_args *a, int64_t nprob, const fa_op *op, f
 
 int fa_sdpa_f32(const fa_attn_args *a, float *out, float *lse, int nthreads)
 {
-    int status = check_args(a, nthreads, 0, lse != NULL);
+    int status = fa_check_args(a, nthreads, 0, lse != NULL);
     if (status != FA_OK)
         return status;
     if (!out && a->nbatch > 0 && a->L > 0 && a->Dv > 0)
@@ -1032,7 +1041,7 @@ int fa_attention_weights_f32(const fa_attn_args *a, float *weights, int nthreads
         w.v_ps = w.k_ps;
         w.v_dtype = w.k_dtype;
     }
-    status = check_args(&w, nthreads, 1, 0);
+    status = fa_check_args(&w, nthreads, 1, 0);
     if (status != FA_OK)
         return status;
     if (w.S == 0)
@@ -1078,7 +1087,7 @@ int fa_varlen_f32(const fa_attn_args *a, int64_t nseq, const int64_t *cu_q,
         q->lse_off = a->lse_off + at;
         q->alibi_slopes = a->alibi_slopes ? a->alibi_slopes + at : NULL;
         q->sinks = a->sinks ? a->sinks + at : NULL;
-        status = check_args(q, nthreads, 0, lse != NULL);
+        status = fa_check_args(q, nthreads, 0, lse != NULL);
     }
     if (status == FA_OK)
         status = run_problems(sa, nseq, &fa_op_sdpa, out, lse, NULL, nthreads);

@@ -507,4 +507,18 @@ double fa_now(void);
 /* A threaded call's last thread arrived `wait` seconds after the call began. */
 void fa_note_wait(double wait);
 
+/* attention.c's shared pieces: the argument checks of every entry point
+ * (weights: the output is the L x S weights and v is not read; with_lse: lse
+ * is written), the test that the elements off + i st1 + j st2 + [0, width)
+ * (i < n1, j < n2) lie in a span, and a thread's working memory: one
+ * allocation carved into n <= FA_ARENA_MAX buffers of the given sizes in
+ * bytes, *slots[i] = buffer i, each 64-byte aligned and followed by a gap
+ * (poisoned under AddressSanitizer: an overrun of any buffer is reported);
+ * the allocation to free, or NULL. */
+#define FA_ARENA_MAX 32
+int fa_check_args(const fa_attn_args *a, int nthreads, int weights, int with_lse);
+int fa_in_span(fa_span s, int64_t off, int64_t n1, int64_t st1, int64_t n2, int64_t st2,
+               int64_t width);
+void *fa_arena(const size_t *sizes, int n, void **const *slots);
+
 #endif /* FA_INTERNAL_H */

@@ -117,6 +117,31 @@ typedef struct {
     int64_t vflag_nt;
 } fa_scratch;
 
+/* Rows of a query block of the backward's units (a multiple of every MR). */
+#define FA_BWD_BQ 96
+
+/* Per-thread working memory of the backward's units (sizes in backward.c's
+ * bwd_scratch_alloc). Dp, Dvp: D and Dv rounded up to FA_NR; ldp: the row
+ * length of the tiles of scores (FA_BK rounded up to the variant's MR). */
+typedef struct {
+    int64_t Dp, Dvp;
+    float *qt;        /* FA_BWD_BQ x Dp   a block's query rows, zero padded */
+    float *dot;       /* FA_BWD_BQ x Dvp  their rows of dout, zero padded */
+    float *kt;        /* D x FA_BK        the key tile, transposed (pack_kt) */
+    float *vt;        /* Dv x FA_BK       the value tile, transposed */
+    float *krow;      /* FA_BK x Dp       the key tile's rows, zero padded (dq's products) */
+    float *p;         /* FA_BWD_BQ x ldp  scores, then weights P */
+    float *ds;        /* FA_BWD_BQ x ldp  dout . v, then dS */
+    float *raw;       /* FA_BWD_BQ x FA_BK  scale (q . k), for the soft cap's derivative */
+    float *acc;       /* max(FA_BK + FA_MAX_MR, FA_BWD_BQ) x max(Dp, Dvp): dq; or dk ... */
+    float *acc2;      /* ... and dv */
+    float *ones;      /* FA_BK + FA_MAX_MR + FA_BWD_BQ ones: the products' alpha (C += A.B) */
+    float *rlse, *rdelta; /* FA_BWD_BQ: the block's lse and Delta */
+    int64_t *lo, *hi; /* FA_BWD_BQ allowed key ranges */
+    unsigned char *live; /* FA_BWD_BQ: the row takes part */
+    void *arena;
+} fa_bwd_scratch;
+
 typedef struct {
     const char *name;
     /* One row of softmax (exp(x - m) stored in `out`, then scaled in place),
@@ -139,6 +164,18 @@ typedef struct {
                         const float *acc, float *M, double *L, float *A);
     void (*finish_rows)(const fa_attn_args *a, const fa_unit *u, int64_t Dvp, const float *M,
                         const double *L, const float *A, float *out, float *lse);
+    /* The backward's units (op_backward.inc): dk and dv of key tile t of kv
+     * item c; dq of query block t (FA_BWD_BQ rows) of batch item b. delta:
+     * Delta of every row (nbatch x L). */
+    void (*bwd_kv_unit)(const fa_attn_args *a, const fa_bwd_args *g, const float *delta,
+                        int64_t c, int64_t t, fa_bwd_scratch *w);
+    void (*bwd_q_unit)(const fa_attn_args *a, const fa_bwd_args *g, const float *delta,
+                       int64_t b, int64_t t, fa_bwd_scratch *w);
+    /* Both at once for every key tile of kv item c (five products a pair
+     * instead of seven, the same bits): dq, the sums of its batch items'
+     * rows, group x (L rounded up to FA_BWD_BQ) x Dp floats. */
+    void (*bwd_head_unit)(const fa_attn_args *a, const fa_bwd_args *g, const float *delta,
+                          int64_t c, fa_bwd_scratch *w, float *dq);
 } fa_kernel_table;
 
 /* The largest magnitude among n elements of dtype dt, +inf if one is not

@@ -170,6 +170,49 @@ int fa_varlen_f32(const fa_attn_args *a, int64_t nseq, const int64_t *cu_q,
 int fa_attention_weights_f32(const fa_attn_args *a, float *weights, int nthreads);
 
 /*
+ * The gradients of fa_sdpa_f32 (FlashAttention-2's backward: P recomputed
+ * tile by tile from lse, Delta = rowsum(dO o O)) for a loss L(O) whose
+ * gradient dout = dL/dO is given: a describes the forward call exactly as it
+ * was made (every option means what it means there; no paged k and v),
+ * with its output layout (o_off / o_rs, or contiguous rows) locating the rows
+ * of both dout and out, and lse_off / lse_rs those of lse. Batch items b
+ * and c share a kv item when b / group == c / group: their k and v rows must
+ * be the same (k_off, v_off equal), and its gradients sum theirs.
+ *
+ *   dv_j = sum_i P_ij dout_i          dS_ij = P_ij (dout_i . v_j - Delta_i)
+ *   dq_i = scale sum_j dS'_ij k_j     dk_j  = scale sum_i dS'_ij q_i
+ *   dsinks_b = -sum_i exp(sinks_b - lse_i) Delta_i
+ *
+ * over the pairs (i, j) of nonzero weight P_ij = exp(s_ij - lse_i) (masked
+ * keys and rows of lse -inf contribute nothing; such a row's dq is 0), dS'
+ * = dS (1 - tanh^2(scale q.k / softcap)) with a soft cap, else dS.
+ * Deterministic: dk and dv are computed by units that own a block of keys of
+ * one kv item, dq by units that own a block of query rows, each summing in
+ * a fixed order, so every bit is independent of the thread count.
+ */
+typedef struct {
+    int64_t group;        /* batch items per kv item (>= 1, divides nbatch) */
+    const float *dout;    /* rows of Dv floats, at the output layout of the fa_attn_args */
+    const float *out;     /* the forward's output, the same layout */
+    const float *lse;     /* the forward's lse, at its lse layout */
+    float *dq;            /* row i of item b at dq_off[b] + i dq_rs: D floats */
+    float *dk, *dv;       /* row j of kv item c at dk_off[c] + j dk_rs (D floats), v: Dv */
+    float *dsinks;        /* nbatch floats, with sinks (else unused) */
+    const int64_t *dq_off, *dk_off, *dv_off;
+    int64_t dq_rs, dk_rs, dv_rs;
+    fa_span dout_span, out_span, lse_span, dq_span, dk_span, dv_span;
+    int64_t dsinks_len;
+} fa_bwd_args;
+
+int fa_attention_backward_f32(const fa_attn_args *a, const fa_bwd_args *g, int nthreads);
+
+/* The same over nseq packed sequences (see fa_varlen_f32): sequence s's
+ * head h is batch item s nbatch + h of every per-item array, dk_off and
+ * dv_off with nseq nbatch / group entries. */
+int fa_varlen_backward_f32(const fa_attn_args *a, const fa_bwd_args *g, int64_t nseq,
+                           const int64_t *cu_q, const int64_t *cu_k, int nthreads);
+
+/*
  * Merge of P partial attention results over disjoint key sets: partial p is
  * outs[p] (nrows x Dv, row-major) with its log-sum-exps lses[p] (nrows). Writes
  * o (nrows x Dv) and lse (nrows): lse = log sum_p exp(lse_p),

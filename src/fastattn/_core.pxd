@@ -66,6 +66,26 @@ cdef extern from "fastattn.h" nogil:
     int fa_varlen_f32(const fa_attn_args *a, int64_t nseq, const int64_t *cu_q,
                       const int64_t *cu_k, float *out, float *lse, int nthreads)
     int fa_attention_weights_f32(const fa_attn_args *a, float *weights, int nthreads)
+
+    ctypedef struct fa_bwd_args:
+        int64_t group
+        const float *dout
+        const float *out
+        const float *lse
+        float *dq
+        float *dk
+        float *dv
+        float *dsinks
+        const int64_t *dq_off
+        const int64_t *dk_off
+        const int64_t *dv_off
+        int64_t dq_rs, dk_rs, dv_rs
+        fa_span dout_span, out_span, lse_span, dq_span, dk_span, dv_span
+        int64_t dsinks_len
+
+    int fa_attention_backward_f32(const fa_attn_args *a, const fa_bwd_args *g, int nthreads)
+    int fa_varlen_backward_f32(const fa_attn_args *a, const fa_bwd_args *g, int64_t nseq,
+                               const int64_t *cu_q, const int64_t *cu_k, int nthreads)
     int fa_exp_diff_f32(const float *x, float m, float *y, int64_t n)
     int fa_exp2_f32(const float *x, float *y, int64_t n)
     int fa_tanh_f32(const float *x, float *y, int64_t n)

@@ -190,7 +190,7 @@ def attention(q, k, v, *, int k_dtype, int v_dtype,
               block_table=None, bt_off=None, int64_t block_size=0, int64_t num_pages=0,
               int64_t k_ps=0, int64_t v_ps=0,
               float softcap=0.0, alibi_slopes=None, sinks=None, segments=None,
-              varlen=None, int64_t alibi_shift=0):
+              varlen=None, int64_t alibi_shift=0, backward=None):
     """SDPA (weights=False: out is (nbatch*L*Dv), lse None or (nbatch*L)) or the
     attention weights (weights=True: out is (nbatch*L*S); v and v_off None, Dv
     0: the weights read no values). Every argument after v by keyword.
@@ -217,6 +217,13 @@ def attention(q, k, v, *, int k_dtype, int v_dtype,
     varlen: None, or (cu_q, cu_k, o_off, lse_off, o_rs, lse_rs) for a packed
     batch (fa_varlen_f32): nbatch is the heads per sequence, the per-item
     arrays have nseq * nbatch entries, L and S are ignored.
+
+    backward: None, or the gradients of this forward call
+    (fa_attention_backward_f32, fa_varlen_backward_f32): a tuple (group,
+    dout, lse, dq, dq_off, dq_rs, dk, dk_off, dk_rs, dv, dv_off, dv_rs,
+    dsinks) of 1-d float32 and int64 arrays (dsinks None without sinks).
+    `out` is then the forward's output, read at the output layout as dout
+    is; `lse` (the argument) must be None: the backward's lse is read-only.
     """
     cdef const int64_t[::1] cu_q
     cdef const int64_t[::1] cu_k
@@ -239,6 +246,15 @@ def attention(q, k, v, *, int k_dtype, int v_dtype,
     cdef float *lse_ptr = NULL
     cdef Py_buffer qb, kb, vb
     cdef int status = FA_OK, held = 0
+    cdef fa_bwd_args g
+    cdef const float[::1] bw_dout
+    cdef const float[::1] bw_out
+    cdef const float[::1] bw_lse
+    cdef float[::1] bw_dq
+    cdef float[::1] bw_dk
+    cdef float[::1] bw_dv
+    cdef float[::1] bw_dsinks
+    cdef bint is_backward = backward is not None
     memset(&a, 0, sizeof(a))
     a.nbatch = nbatch
     a.L = L
@@ -321,6 +337,39 @@ def attention(q, k, v, *, int k_dtype, int v_dtype,
         lse_ptr = _wptr(lse_view)
         a.lse_span = _span(lse_view.shape[0])
     a.out_span = _span(out.shape[0])
+    memset(&g, 0, sizeof(g))
+    if is_backward:
+        if lse is not None or weights:
+            raise ValueError("backward: lse must be None (it is in the backward tuple)")
+        g.group = backward[0]
+        bw_out = out
+        bw_dout = backward[1]
+        bw_lse = backward[2]
+        bw_dq = backward[3]
+        bw_dk = backward[6]
+        bw_dv = backward[9]
+        g.out = _fptr(bw_out)
+        g.out_span = _span(bw_out.shape[0])
+        g.dout = _fptr(bw_dout)
+        g.dout_span = _span(bw_dout.shape[0])
+        g.lse = _fptr(bw_lse)
+        g.lse_span = _span(bw_lse.shape[0])
+        g.dq = _wptr(bw_dq)
+        g.dq_span = _span(bw_dq.shape[0])
+        g.dq_off = _iptr(backward[4])
+        g.dq_rs = backward[5]
+        g.dk = _wptr(bw_dk)
+        g.dk_span = _span(bw_dk.shape[0])
+        g.dk_off = _iptr(backward[7])
+        g.dk_rs = backward[8]
+        g.dv = _wptr(bw_dv)
+        g.dv_span = _span(bw_dv.shape[0])
+        g.dv_off = _iptr(backward[10])
+        g.dv_rs = backward[11]
+        if backward[12] is not None:
+            bw_dsinks = backward[12]
+            g.dsinks = _wptr(bw_dsinks)
+            g.dsinks_len = bw_dsinks.shape[0]
     if varlen is not None:
         cu_q, cu_k, o_off, lse_off = varlen[:4]
         nseq = cu_q.shape[0] - 1
@@ -346,7 +395,11 @@ def attention(q, k, v, *, int k_dtype, int v_dtype,
         if held == 3:
             a.v_span = _buffer_span(&vb)
         with nogil:
-            if is_varlen:
+            if is_backward and is_varlen:
+                status = fa_varlen_backward_f32(&a, &g, nseq, &cu_q[0], &cu_k[0], nthreads)
+            elif is_backward:
+                status = fa_attention_backward_f32(&a, &g, nthreads)
+            elif is_varlen:
                 status = fa_varlen_f32(&a, nseq, &cu_q[0], &cu_k[0], _wptr(out), lse_ptr,
                                        nthreads)
             elif weights:

@@ -170,3 +170,45 @@ def run(a: Any, result: np.ndarray, lse: Optional[np.ndarray] = None, *,
         sinks=None if a.sinks is None else a.sinks.reshape(-1), alibi_shift=alibi_shift,
         **where,
     )
+
+
+def run_backward(a: Any, dout: np.ndarray, out: np.ndarray, lse: np.ndarray, dq: np.ndarray,
+                 dk: np.ndarray, dv: np.ndarray, dsinks: Optional[np.ndarray]) -> None:
+    """Run the attention backward on validated forward inputs `a`
+    (AttentionInputs or VarlenInputs) into new C-contiguous float32 arrays:
+    dense inputs: dq (nbatch, L, D), dk (nbatch // group, S, D), dv
+    (nbatch // group, S, Dv), dsinks (nbatch,) or None, with dout and out
+    C-contiguous (nbatch, L, Dv) and lse (nbatch, L), nbatch the flattened
+    a.batch (kv item c serves batch items c * group ... c * group + group -
+    1); packed inputs: dq, dk, dv, dout, out and lse packed as q, k, v, the
+    output and lse of the forward, C-contiguous."""
+    where = _LAYOUTS[type(a)](a, out, lse)
+    if where is None:
+        return
+    group = a.group if isinstance(a, AttentionInputs) else a.Hq // a.Hkv
+    if isinstance(a, VarlenInputs):
+        Hkv = a.Hkv
+        dq_off, dq_rs = _core.varlen_offsets(a.cu_q, a.Hq, 1, a.Hq * a.D, a.D), a.Hq * a.D
+        dk_off, dk_rs = _core.varlen_offsets(a.cu_k, Hkv, 1, Hkv * a.D, a.D), Hkv * a.D
+        dv_off, dv_rs = _core.varlen_offsets(a.cu_k, Hkv, 1, Hkv * a.Dv, a.Dv), Hkv * a.Dv
+    else:
+        nbatch = where["nbatch"]
+        dq_off, dq_rs = np.arange(nbatch, dtype=np.int64) * (a.L * a.D), a.D
+        kv = np.arange(nbatch // group, dtype=np.int64)
+        dk_off, dk_rs = kv * (a.S * a.D), a.D
+        dv_off, dv_rs = kv * (a.S * a.Dv), a.Dv
+    k_arr, k_dtype = kv_operand(a.k)
+    v_arr, v_dtype = kv_operand(a.v)
+    left, right = a.window
+    _core.attention(
+        a.q, k_arr, v_arr, k_dtype=k_dtype, v_dtype=v_dtype, D=a.D, Dv=a.Dv, scale=a.scale,
+        out=out.reshape(-1), nthreads=get_num_threads(), is_causal=a.is_causal,
+        win_left=-1 if left is None else left, win_right=-1 if right is None else right,
+        softcap=a.softcap,
+        alibi_slopes=None if a.alibi_slopes is None else a.alibi_slopes.reshape(-1),
+        sinks=None if a.sinks is None else a.sinks.reshape(-1),
+        backward=(group, dout.reshape(-1), lse.reshape(-1), dq.reshape(-1), dq_off, dq_rs,
+                  dk.reshape(-1), dk_off, dk_rs, dv.reshape(-1), dv_off, dv_rs,
+                  None if dsinks is None else dsinks.reshape(-1)),
+        **where,
+    )
