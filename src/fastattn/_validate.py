@@ -776,6 +776,69 @@ def merge_inputs(outs, lses):
 
 
 # ----------------------------------------------------------------------------
+# The attention backward
+
+
+def _output_like(x: Any, name: str, shape: Tuple[int, ...], what: str) -> np.ndarray:
+    """`x` (do, o or lse of the backward) as float32, checked to have exactly
+    `shape` (`what` says which shape that is) before any conversion copies it:
+    with contiguous rows (as_rows, as q), lse C-contiguous (as_float32; it is
+    small, one value per row)."""
+    arr = _real_array(x, name)
+    if arr.shape != shape:
+        raise ValueError(f"{name} must have shape {what} = {shape}, got shape {arr.shape}")
+    return as_float32(arr, name) if name == "lse" else as_rows(arr, name)
+
+
+class BackwardInputs(NamedTuple):
+    """Validated arguments of attention_backward: `a` those of the forward
+    (attention_inputs: q, k, v, mask, options, the broadcast batch); do and o
+    float32 of shape ``a.batch + (a.L, a.Dv)``, each with contiguous rows
+    (other strides any), and lse float32 C-contiguous of shape
+    ``a.batch + (a.L,)``; and the shapes of the arguments as given, which
+    the gradients are summed back to (fastattn._grad.sum_to_shape)."""
+
+    a: AttentionInputs
+    do: np.ndarray
+    o: np.ndarray
+    lse: np.ndarray
+    q_shape: Tuple[int, ...]
+    k_shape: Tuple[int, ...]
+    v_shape: Tuple[int, ...]
+    sinks_shape: Optional[Tuple[int, ...]]  # None without sinks
+
+
+def _sinks_shape(sinks: Any) -> Optional[Tuple[int, ...]]:
+    """The shape of `sinks` as given (already checked by per_head), or None."""
+    return None if sinks is None else tuple(_real_array(sinks, "sinks").shape)
+
+
+def backward_inputs(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, attn_mask: Any,
+                    is_causal: Any, window: Any, scale: Any, enable_gqa: Any,
+                    softcap: Any = None, alibi_slopes: Any = None, sinks: Any = None,
+                    segment_ids: Any = None) -> BackwardInputs:
+    """Validate and convert the arguments of attention_backward: those of the
+    forward as attention_inputs checks them, then do and o, which must have
+    exactly the output's shape ``batch + (L, Dv)``, and lse exactly
+    ``batch + (L,)`` (what ``return_lse=True`` gave): no broadcasting, since
+    they are per row of that output. Any real floating dtype (converted to
+    float32, as q)."""
+    a = attention_inputs(q, k, v, attn_mask, is_causal, window, scale, enable_gqa,
+                         softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
+                         segment_ids=segment_ids)
+    assert a.v is not None
+    shape = a.batch + (a.L, a.Dv)
+    return BackwardInputs(
+        a=a,
+        do=_output_like(do, "do", shape, "batch + (L, Dv), the output's"),
+        o=_output_like(o, "o", shape, "batch + (L, Dv), the output's"),
+        lse=_output_like(lse, "lse", a.batch + (a.L,), "batch + (L,), the forward's lse"),
+        q_shape=a.q.shape, k_shape=a.k.shape, v_shape=a.v.shape,
+        sinks_shape=_sinks_shape(sinks),
+    )
+
+
+# ----------------------------------------------------------------------------
 # Packed variable-length batches
 
 
@@ -909,6 +972,39 @@ def varlen_inputs(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, 
         window=window, softcap=check_softcap(softcap),
         alibi_slopes=per_head(alibi_slopes, "alibi_slopes", heads, heads, True, "(B, Hq)"),
         sinks=per_head(sinks, "sinks", heads, heads, False, "(B, Hq)"),
+    )
+
+
+class VarlenBackwardInputs(NamedTuple):
+    """Validated arguments of varlen_attention_backward: `a` those of the
+    forward (varlen_inputs), do and o float32 (total_q, Hq, Dv) with
+    contiguous rows, lse float32 C-contiguous (total_q, Hq), and the shape of
+    sinks as given (None without), which dsinks is summed back to."""
+
+    a: VarlenInputs
+    do: np.ndarray
+    o: np.ndarray
+    lse: np.ndarray
+    sinks_shape: Optional[Tuple[int, ...]]
+
+
+def varlen_backward_inputs(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any,
+                           cu_seqlens_q: Any, cu_seqlens_k: Any, is_causal: Any, window: Any,
+                           scale: Any, softcap: Any, alibi_slopes: Any,
+                           sinks: Any) -> VarlenBackwardInputs:
+    """Validate and convert the arguments of varlen_attention_backward: those
+    of varlen_attention, then do and o of exactly the output's shape
+    (total_q, Hq, Dv) and lse of exactly (total_q, Hq)."""
+    a = varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal, window, scale, softcap,
+                      alibi_slopes, sinks)
+    total_q = a.q.shape[0]
+    shape = (total_q, a.Hq, a.Dv)
+    return VarlenBackwardInputs(
+        a=a,
+        do=_output_like(do, "do", shape, "(total_q, Hq, Dv), the output's"),
+        o=_output_like(o, "o", shape, "(total_q, Hq, Dv), the output's"),
+        lse=_output_like(lse, "lse", (total_q, a.Hq), "(total_q, Hq), the forward's lse"),
+        sinks_shape=_sinks_shape(sinks),
     )
 
 

@@ -12,23 +12,26 @@ checking, not for speed.
 """
 from __future__ import annotations  # help() shows the annotations as written
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from fastattn._grad import sum_to_shape
 from fastattn._typing import AttentionResult, Float32Array, SegmentIds, Window, WithLse
 
 from fastattn._validate import (
     as_bool,
     as_float32,
     attention_inputs,
+    backward_inputs,
     check_out,
     CAUSAL_KEYWORDS,
     check_window_size,
     foreign_keywords,
     merge_inputs,
     normalize_axis,
+    varlen_backward_inputs,
     varlen_inputs,
 )
 
@@ -42,6 +45,10 @@ __all__ = [
     "attention_weights",
     "varlen_attention",
     "merge_attention",
+    # The backward's twins: fastattn.attention_backward and
+    # fastattn.varlen_attention_backward (compiled) are still to come.
+    "attention_backward",
+    "varlen_attention_backward",
 ]
 
 
@@ -124,18 +131,29 @@ def logsumexp(x: ArrayLike, axis: int = -1, *, keepdims: bool = False,
 # Attention
 
 
-def _scores(a):
-    """Scores in the documented order: s = scale * q @ k^T, soft-capped
-    (c * tanh(s / c)), the ALiBi bias -slope * |p_i - j| subtracted, the float
-    mask added; then -inf wherever a key is not allowed. Shape
-    batch + (L, S), float64."""
+def _per_query_head(x, a):
+    """k or v as float64 with one head per query head: under grouped-query
+    attention query head h reads kv head h // group."""
+    x = x.astype(np.float64)
+    return np.repeat(x, a.group, axis=-3) if a.group > 1 else x
+
+
+def _raw_scores(a):
+    """s = scale * q @ k^T, shape batch + (L, S), float64."""
     q = a.q.astype(np.float64)
-    k = a.k.astype(np.float64)
-    if a.group > 1:  # grouped-query attention: query head h reads kv head h // group
-        k = np.repeat(k, a.group, axis=-3)
+    k = _per_query_head(a.k, a)
     with np.errstate(invalid="ignore", over="ignore"):  # inf * 0 in q . k is NaN, as IEEE says
         s = a.scale * (q @ np.swapaxes(k, -1, -2))
-    s = np.broadcast_to(s, a.batch + (a.L, a.S))
+    return np.broadcast_to(s, a.batch + (a.L, a.S))
+
+
+def _scores(a, s=None):
+    """Scores in the documented order: s = scale * q @ k^T (`s`: those of
+    _raw_scores, when already at hand), soft-capped (c * tanh(s / c)), the
+    ALiBi bias -slope * |p_i - j| subtracted, the float mask added; then -inf
+    wherever a key is not allowed. Shape batch + (L, S), float64."""
+    if s is None:
+        s = _raw_scores(a)
 
     p = np.arange(a.L)[:, None] + a.S - a.L  # query i sits at key position p_i
     j = np.arange(a.S)[None, :]
@@ -189,17 +207,24 @@ def _softmax_rows(s, sinks=None):
     return w, lse[..., 0], nan_row[..., 0]
 
 
+def _allowed_sum(w, allowed, x):
+    """r_i = sum_j w_ij x_j over the j with allowed[i, j] (w is 0 elsewhere);
+    the rows of x of every other j are never read, so that a NaN or inf
+    there does not reach r_i (0 * inf is NaN)."""
+    if np.isfinite(x).all():
+        return w @ x  # the other j have w_ij = 0 and finite x: no effect
+    r = np.empty(w.shape[:-1] + x.shape[-1:])
+    xb = np.broadcast_to(x, w.shape[:-2] + x.shape[-2:])
+    for idx in np.ndindex(*w.shape[:-1]):  # rare path: non-finite values in x
+        keys = allowed[idx]
+        r[idx] = w[idx][keys] @ xb[idx[:-1]][keys]
+    return r
+
+
 def _weighted_sum(w, s, v):
     """o_i = sum_j w_ij v_j over the keys j with a score above -inf;
     the rows of v of every other key are never read."""
-    if np.isfinite(v).all():
-        return w @ v  # the other keys have w_ij = 0 and finite v: no effect
-    o = np.empty(w.shape[:-1] + v.shape[-1:])
-    vb = np.broadcast_to(v, w.shape[:-2] + v.shape[-2:])
-    for idx in np.ndindex(*w.shape[:-1]):  # rare path: non-finite values in v
-        keys = s[idx] != -np.inf
-        o[idx] = w[idx][keys] @ vb[idx[:-1]][keys]
-    return o
+    return _allowed_sum(w, s != -np.inf, v)
 
 
 def _attention(a, return_lse, out, inputs):
@@ -210,10 +235,7 @@ def _attention(a, return_lse, out, inputs):
     s = _scores(a)
     w, lse, nan_row = _softmax_rows(s, a.sinks)
     assert a.v is not None
-    vv = a.v.astype(np.float64)
-    if a.group > 1:
-        vv = np.repeat(vv, a.group, axis=-3)
-    o = _weighted_sum(w, s, vv)
+    o = _weighted_sum(w, s, _per_query_head(a.v, a))
     o = np.where(nan_row[..., None], np.nan, o)
     o = np.broadcast_to(o, a.batch + (a.L, a.Dv))
     result = _finish(o, out, inputs)
@@ -322,6 +344,239 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, is_causal=False, wi
                               ("cu_seqlens_k", cu_seqlens_k), ("alibi_slopes", alibi_slopes),
                               ("sinks", sinks)] + a.arrays())
     return (result, lse.astype(np.float32)) if return_lse else result
+
+
+# ----------------------------------------------------------------------------
+# The attention backward
+
+
+def _grads(bi):
+    """(dq, dk, dv, dsinks) of attention_backward in float64, each summed back
+    to its argument's shape (dsinks None without sinks). P is the softmax of
+    the forward recomputed in float64 (its exp(s - lse) with the exact lse),
+    then FlashAttention-2's formulas over the allowed pairs only."""
+    a = bi.a
+    if 0 in a.batch:  # no batch item: nothing depends on any input
+        dsinks = None if bi.sinks_shape is None else np.zeros(bi.sinks_shape)
+        return (np.zeros(bi.q_shape), np.zeros(bi.k_shape), np.zeros(bi.v_shape), dsinks)
+    raw = _raw_scores(a)
+    s = _scores(a, raw)
+    w, lse, _ = _softmax_rows(s, a.sinks)
+    # The allowed pairs: a score above -inf, as the forward reads them, and
+    # not in a row whose lse is -inf (no key and no sink: it contributes nothing).
+    dead = bi.lse == -np.inf
+    pairs = (s != -np.inf) & ~dead[..., None]
+    pairs_t = np.swapaxes(pairs, -1, -2)
+    q = a.q.astype(np.float64)
+    k = _per_query_head(a.k, a)
+    assert a.v is not None
+    v = _per_query_head(a.v, a)
+    do = bi.do.astype(np.float64)
+    o = bi.o.astype(np.float64)
+    with np.errstate(all="ignore"):  # IEEE arithmetic: NaN in, NaN out
+        p = np.where(pairs, w, 0.0)                             # P_ij
+        delta = np.sum(do * o, axis=-1)                         # Delta_i = do_i . o_i
+        dv = _allowed_sum(np.swapaxes(p, -1, -2), pairs_t, do)  # dv_j = sum_i P_ij do_i
+        dp = do @ np.swapaxes(v, -1, -2)                        # dP_ij = do_i . v_j
+        ds = np.where(pairs, p * (dp - delta[..., None]), 0.0)  # P_ij (dP_ij - Delta_i)
+        if a.softcap:  # d(c tanh(x / c))/dx = 1 - tanh^2(x / c)
+            t = np.tanh(raw / float(a.softcap))
+            ds = np.where(pairs, ds * (1.0 - t * t), 0.0)
+        dq = a.scale * _allowed_sum(ds, pairs, k)               # scale sum_j dS_ij k_j
+        dk = a.scale * _allowed_sum(np.swapaxes(ds, -1, -2), pairs_t, q)  # scale sum_i dS_ij q_i
+        dsinks = None
+        if a.sinks is not None:  # dsink = -sum_i exp(sink - lse_i) Delta_i
+            sink = a.sinks.astype(np.float64)[..., None]
+            dsinks = -np.sum(np.where(dead, 0.0, np.exp(sink - lse) * delta), axis=-1)
+    return (sum_to_shape(dq, bi.q_shape), sum_to_shape(dk, bi.k_shape, a.group),
+            sum_to_shape(dv, bi.v_shape, a.group),
+            None if dsinks is None else sum_to_shape(dsinks, bi.sinks_shape))
+
+
+def _float32_grads(grads):
+    """The gradients as new C-contiguous float32 arrays (dsinks only with sinks)."""
+    with np.errstate(over="ignore"):  # beyond float32's range: +-inf
+        return tuple(np.asarray(g, dtype=np.float32, order="C") for g in grads if g is not None)
+
+
+@foreign_keywords
+def attention_backward(do: ArrayLike, q: ArrayLike, k: ArrayLike, v: ArrayLike, o: ArrayLike,
+                       lse: ArrayLike, attn_mask: Optional[ArrayLike] = None, *,
+                       is_causal: bool = False, window: Window = None,
+                       scale: Optional[float] = None, softcap: Optional[float] = None,
+                       alibi_slopes: Optional[ArrayLike] = None,
+                       sinks: Optional[ArrayLike] = None, segment_ids: SegmentIds = None,
+                       enable_gqa: bool = False) -> Tuple[Float32Array, ...]:
+    """Reference gradients of :func:`scaled_dot_product_attention`, step by step in float64.
+
+    Given ``o, lse = scaled_dot_product_attention(q, k, v, attn_mask, ...,
+    return_lse=True)`` and ``do``, the gradient of a loss with respect to
+    ``o``, returns the gradients of that loss with respect to q, k, v (and
+    the sinks): FlashAttention-2's backward [1]_ written out on the full
+    (..., L, S) matrices.
+
+    Each gradient is a new C-contiguous float32 array in the shape of its
+    argument as given: where the argument was broadcast against the others
+    (a batch dim of 1 or missing) its gradient is summed over the broadcast
+    axes, as NumPy's rules and PyTorch's autograd make it; under
+    `enable_gqa` the gradient of a kv head sums those of the query heads it
+    serves.
+
+    Parameters
+    ----------
+    do : array_like, shape batch + (L, Dv), real floating dtype
+        dLoss/do, of exactly the shape of `o` (no broadcasting). Converted
+        to float32.
+    q, k, v : array_like, real floating dtype
+        As in :func:`scaled_dot_product_attention`: shapes (..., L, D),
+        (..., S, D), (..., S, Dv) broadcasting in their leading dims to the
+        batch (with `enable_gqa`, (..., Hq, L, D) and (..., Hkv, S, D / Dv));
+        k and v may be float16 or bfloat16 (read as their float32 values).
+    o : array_like, shape batch + (L, Dv), real floating dtype
+        The forward's output for these arguments. Converted to float32.
+    lse : array_like, shape batch + (L,), real floating dtype
+        The forward's log-sum-exp of each row (``return_lse=True``).
+        Converted to float32.
+    attn_mask, is_causal, window, scale, softcap, alibi_slopes, sinks, segment_ids, enable_gqa
+        As in :func:`scaled_dot_product_attention`, with the same checks.
+        The mask, the ALiBi slopes and the segment ids are constants: they
+        get no gradient.
+
+    Returns
+    -------
+    dq : ndarray, float32, the shape of `q`
+    dk : ndarray, float32, the shape of `k`
+    dv : ndarray, float32, the shape of `v`
+    dsinks : ndarray, float32, the shape of `sinks`
+        Only when `sinks` is given: returned as ``(dq, dk, dv, dsinks)``.
+
+    Raises
+    ------
+    TypeError
+        If `do`, `o` or `lse` is not a real floating array, or as
+        :func:`scaled_dot_product_attention` raises for the other arguments.
+    ValueError
+        If `do` or `o` does not have exactly the shape batch + (L, Dv) of
+        the output, or `lse` exactly batch + (L,), or as
+        :func:`scaled_dot_product_attention` raises for the other arguments.
+
+    Notes
+    -----
+    With ``s_raw = scale * q_i . k_j``, the scores ``s_ij`` of the forward
+    (soft-capped ``c * tanh(s_raw / c)``, ALiBi's ``-slope * |p_i - j|``
+    and the float mask added, ``p_i = i + S - L``) and ``P_ij = exp(s_ij -
+    lse_i)`` on the allowed pairs, 0 on all others (Dao 2023 [1]_,
+    Algorithm 2)::
+
+        Delta_i = sum_c do_ic o_ic
+        dv_j    = sum_i P_ij do_i
+        dP_ij   = do_i . v_j
+        dS_ij   = P_ij (dP_ij - Delta_i)
+        dS_raw  = dS * (1 - tanh(s_raw / c)**2)     (softcap c; else dS)
+        dq_i    = scale * sum_j dS_raw_ij k_j
+        dk_j    = scale * sum_i dS_raw_ij q_i
+        dsink   = -sum_i exp(sink - lse_i) Delta_i  (over its batch item and head)
+
+    The allowed pairs are those the forward reads: a key outside the causal
+    bound or the window, of another segment, False in a bool mask or -inf
+    in a float mask enters no sum, so a NaN or inf in that key's row of k
+    or v reaches no gradient of a query that may not see it. A row whose
+    lse is -inf (no allowed key and no sink: its output was 0) contributes
+    nothing and gets ``dq = 0``. Otherwise the formulas hold as written:
+    non-finite values on allowed pairs propagate by IEEE rules.
+
+    This reference recomputes ``P`` and ``lse`` in float64 from q, k and the
+    options (the forward's softmax); `lse` as given only marks the rows of
+    the rule above. The two differ only by the rounding of the given
+    float32 `lse`, except where ``|lse|`` is so large that float32 holds
+    little of it (a float mask of ``finfo(float32).min`` on every key of a
+    row, whose weights are then equal): float64 keeps the exact weights.
+
+    References
+    ----------
+    .. [1] T. Dao, "FlashAttention-2: Faster Attention with Better Parallelism
+       and Work Partitioning", ICLR 2024, Algorithm 2.
+    """
+    bi = backward_inputs(do, q, k, v, o, lse, attn_mask, is_causal, window, scale, enable_gqa,
+                         softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
+                         segment_ids=segment_ids)
+    return _float32_grads(_grads(bi))
+
+
+@foreign_keywords
+def varlen_attention_backward(do: ArrayLike, q: ArrayLike, k: ArrayLike, v: ArrayLike,
+                              o: ArrayLike, lse: ArrayLike, cu_seqlens_q: ArrayLike,
+                              cu_seqlens_k: ArrayLike, *, is_causal: bool = False,
+                              window: Window = None, scale: Optional[float] = None,
+                              softcap: Optional[float] = None,
+                              alibi_slopes: Optional[ArrayLike] = None,
+                              sinks: Optional[ArrayLike] = None) -> Tuple[Float32Array, ...]:
+    """Reference gradients of :func:`varlen_attention`: :func:`attention_backward`
+    on each packed sequence in turn, in float64.
+
+    Parameters
+    ----------
+    do, o : array_like, shape (total_q, Hq, Dv), real floating dtype
+        dLoss/do and the forward's output, exactly the output's shape.
+    q, k, v, cu_seqlens_q, cu_seqlens_k
+        As in :func:`varlen_attention`: q (total_q, Hq, D), k and v
+        (total_k, Hkv, D / Dv), ``Hq % Hkv == 0``.
+    lse : array_like, shape (total_q, Hq), real floating dtype
+        The forward's lse (``varlen_attention(..., return_lse=True)``).
+    is_causal, window, scale, softcap, alibi_slopes, sinks
+        As in :func:`varlen_attention`, for each sequence.
+
+    Returns
+    -------
+    dq : ndarray, float32, shape (total_q, Hq, D)
+    dk : ndarray, float32, shape (total_k, Hkv, D)
+    dv : ndarray, float32, shape (total_k, Hkv, Dv)
+    dsinks : ndarray, float32, the shape of `sinks`
+        Only when `sinks` is given (summed over the sequences where `sinks`
+        broadcast to (B, Hq), e.g. from shape (Hq,)).
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`varlen_attention`, and if `do`, `o` or `lse` is not a real
+        floating array of exactly the shape above.
+
+    Notes
+    -----
+    Sequence ``b``'s rows of dq and its keys' rows of dk and dv are those of
+    :func:`attention_backward` on that sequence alone (the slices of q, k,
+    v, do, o, lse with the head axis first, ``enable_gqa=True``); the keys of
+    a sequence without queries get 0.
+    """
+    bi = varlen_backward_inputs(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, is_causal,
+                                window, scale, softcap, alibi_slopes, sinks)
+    a = bi.a
+    dq = np.zeros(a.q.shape)
+    dk = np.zeros(a.k.shape)
+    dv = np.zeros(a.v.shape)
+    dsinks = np.zeros((a.B, a.Hq))
+
+    def heads_first(x, part):
+        return np.swapaxes(x[part].astype(np.float32), 0, 1)
+
+    for b in range(a.B):
+        rows = slice(int(a.cu_q[b]), int(a.cu_q[b + 1]))
+        keys = slice(int(a.cu_k[b]), int(a.cu_k[b + 1]))
+        if rows.stop == rows.start or a.Hq == 0:
+            continue
+        gq, gk, gv, gs = _grads(backward_inputs(
+            heads_first(bi.do, rows), heads_first(a.q, rows), heads_first(a.k, keys),
+            heads_first(a.v, keys), heads_first(bi.o, rows), heads_first(bi.lse, rows), None,
+            a.is_causal, a.window, a.scale, True, softcap=a.softcap or None,
+            alibi_slopes=None if a.alibi_slopes is None else a.alibi_slopes[b],
+            sinks=None if a.sinks is None else a.sinks[b]))
+        dq[rows] = np.swapaxes(gq, 0, 1)
+        dk[keys] = np.swapaxes(gk, 0, 1)
+        dv[keys] = np.swapaxes(gv, 0, 1)
+        if gs is not None:
+            dsinks[b] = gs
+    return _float32_grads((dq, dk, dv, None if bi.sinks_shape is None
+                           else sum_to_shape(dsinks, bi.sinks_shape)))
 
 
 # ----------------------------------------------------------------------------
