@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define FA_BWD_BUFFERS 14
+#define FA_BWD_BUFFERS 15
 /* The most bytes of dq a thread holds for a unit of a whole kv item. */
 #define FA_BWD_HEAD_BYTES ((int64_t)64 << 20)
 
@@ -40,9 +40,10 @@ static int bwd_scratch_alloc(fa_bwd_scratch *w, int64_t D, int64_t Dv)
         rows * cols * sizeof(float),     /* acc */
         rows * cols * sizeof(float),     /* acc2 */
         (LDP + BQ) * sizeof(float),      /* ones */
-        2 * BQ * sizeof(float),          /* rlse, rdelta */
+        3 * BQ * sizeof(float),          /* rshift, rinv, rdelta */
         2 * BQ * sizeof(int64_t),        /* lo, hi */
         BQ,                              /* live */
+        BQ,                              /* bad */
     };
     void **slots[FA_BWD_BUFFERS];
     size_t i;
@@ -60,13 +61,15 @@ static int bwd_scratch_alloc(fa_bwd_scratch *w, int64_t D, int64_t Dv)
     slots[8] = (void **)&w->acc;
     slots[9] = (void **)&w->acc2;
     slots[10] = (void **)&w->ones;
-    slots[11] = (void **)&w->rlse;
+    slots[11] = (void **)&w->rshift;
     slots[12] = (void **)&w->lo;
     slots[13] = (void **)&w->live;
+    slots[14] = (void **)&w->bad;
     w->arena = fa_arena(sizes, FA_BWD_BUFFERS, slots);
     if (!w->arena)
         return FA_ERR_NOMEM;
-    w->rdelta = w->rlse + BQ;
+    w->rinv = w->rshift + BQ;
+    w->rdelta = w->rshift + 2 * BQ;
     w->hi = w->lo + BQ;
     for (i = 0; i < LDP + BQ; i++)
         w->ones[i] = 1.0f;
@@ -124,25 +127,46 @@ static int bwd_check(const fa_attn_args *a, const fa_bwd_args *g)
     return FA_OK;
 }
 
-/* Delta of item b's rows, and its dsink. */
-static void bwd_rows(const fa_attn_args *a, const fa_bwd_args *g, int64_t b, float *delta)
+/* Item b's rows: Delta, shift = lse and inv = 1, the rows of large |lse|
+ * recomputed (bwd_row_stats), then its dsink = -sum_i exp(sink - lse_i)
+ * Delta_i, with exp(sink - shift_i) inv_i for exp(sink - lse_i). */
+static void bwd_rows(const fa_kernel_table *kern, const fa_attn_args *a, const fa_bwd_args *g,
+                     int64_t b, const fa_bwd_rows *r, fa_bwd_scratch *w)
 {
     double dsink = 0.0;
-    int64_t i, c;
+    int64_t i, c, t;
     for (i = 0; i < a->L; i++) {
         const float *dy = g->dout + orow(a, b, i), *y = g->out + orow(a, b, i);
+        const int64_t at = b * a->L + i;
         double s = 0.0;
         for (c = 0; c < a->Dv; c++)
             s += (double)dy[c] * (double)y[c];
-        delta[b * a->L + i] = (float)s;
-        if (a->sinks) {
-            const double lse = (double)g->lse[lrow(a, b, i)];
-            if (lse != -INFINITY) /* (a row with a sink has lse >= sink > -inf, or sink -inf) */
-                dsink -= exp((double)a->sinks[b] - lse) * (double)(float)s;
-        }
+        r->delta[at] = (float)s;
+        r->shift[at] = g->lse[lrow(a, b, i)];
+        r->inv[at] = 1.0f;
     }
-    if (a->sinks)
-        g->dsinks[b] = (float)dsink;
+    for (t = 0; t < (a->L + FA_BWD_BQ - 1) / FA_BWD_BQ; t++)
+        kern->bwd_row_stats(a, g, r, b, t, w);
+    if (!a->sinks)
+        return;
+    for (i = 0; i < a->L; i++) {
+        const int64_t at = b * a->L + i;
+        if (r->shift[at] != -INFINITY) /* (-inf: no key and a sink of -inf: nothing) */
+            dsink -= exp((double)a->sinks[b] - (double)r->shift[at]) * (double)r->inv[at]
+                     * (double)r->delta[at];
+    }
+    g->dsinks[b] = (float)dsink;
+}
+
+/* Problem p's rows in the call's row data (3 floats a row). */
+static fa_bwd_rows rows_of(float *data, const int64_t *start, int64_t nprob, int64_t p)
+{
+    const int64_t total = start[nprob];
+    fa_bwd_rows r;
+    r.delta = data + start[p];
+    r.shift = data + total + start[p];
+    r.inv = data + 2 * total + start[p];
+    return r;
 }
 
 /* The passes over the problems a[0..nprob) (gradients g[p] of each). */
@@ -151,7 +175,7 @@ static int bwd_run(const fa_attn_args *a, const fa_bwd_args *g, int64_t nprob, i
     const fa_kernel_table *kern = fa_active_kernels();
     int64_t p, rows = 0, nkv_units = 0, nq_units = 0, items = 0, D = 0, Dv = 0;
     int64_t *start; /* per problem: its first row of delta, first kv unit, first q unit */
-    float *delta;
+    float *data; /* the rows' Delta, shift and inv */
     double work = 0.0;
     int status = FA_OK, nt, fused;
     size_t dq_bytes;
@@ -170,10 +194,10 @@ static int bwd_run(const fa_attn_args *a, const fa_bwd_args *g, int64_t nprob, i
     if (items == 0)
         return FA_OK;
     start = (int64_t *)malloc((size_t)(3 * (nprob + 1)) * sizeof(int64_t));
-    delta = (float *)malloc((size_t)rows * sizeof(float));
-    if (!start || !delta) {
+    data = (float *)malloc((size_t)(3 * rows) * sizeof(float));
+    if (!start || !data) {
         free(start);
-        free(delta);
+        free(data);
         return FA_ERR_NOMEM;
     }
     start[0] = start[nprob + 1] = start[2 * (nprob + 1)] = 0;
@@ -227,7 +251,10 @@ static int bwd_run(const fa_attn_args *a, const fa_bwd_args *g, int64_t nprob, i
 #pragma omp for schedule(dynamic, 1)
 #endif
             for (b = 0; b < a[q].nbatch; b++)
-                bwd_rows(&a[q], &g[q], b, delta + start[q]);
+                if (ok) {
+                    const fa_bwd_rows r = rows_of(data, start, nprob, q);
+                    bwd_rows(kern, &a[q], &g[q], b, &r, &w);
+                }
         }
         /* 2. every gradient of a kv item at once; or dk and dv, key-major,
          * then 3. dq, query-major (each pass after the last: the for loops
@@ -241,8 +268,10 @@ static int bwd_run(const fa_attn_args *a, const fa_bwd_args *g, int64_t nprob, i
 #pragma omp for schedule(dynamic, 1)
 #endif
                 for (c = 0; c < a[q].nbatch / g[q].group; c++)
-                    if (ok && status == FA_OK)
-                        kern->bwd_head_unit(&a[q], &g[q], delta + start[q], c, &w, dq);
+                    if (ok && status == FA_OK) {
+                        const fa_bwd_rows r = rows_of(data, start, nprob, q);
+                        kern->bwd_head_unit(&a[q], &g[q], &r, c, &w, dq);
+                    }
             }
         }
 #ifdef _OPENMP
@@ -256,7 +285,10 @@ static int bwd_run(const fa_attn_args *a, const fa_bwd_args *g, int64_t nprob, i
                 pp++;
             n = u - start[nprob + 1 + pp];
             tiles = (a[pp].S + FA_BK - 1) / FA_BK;
-            kern->bwd_kv_unit(&a[pp], &g[pp], delta + start[pp], n / tiles, n % tiles, &w);
+            {
+                const fa_bwd_rows r = rows_of(data, start, nprob, pp);
+                kern->bwd_kv_unit(&a[pp], &g[pp], &r, n / tiles, n % tiles, &w);
+            }
         }
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
@@ -269,13 +301,16 @@ static int bwd_run(const fa_attn_args *a, const fa_bwd_args *g, int64_t nprob, i
                 pp++;
             n = u - start[2 * (nprob + 1) + pp];
             blocks = (a[pp].L + FA_BWD_BQ - 1) / FA_BWD_BQ;
-            kern->bwd_q_unit(&a[pp], &g[pp], delta + start[pp], n / blocks, n % blocks, &w);
+            {
+                const fa_bwd_rows r = rows_of(data, start, nprob, pp);
+                kern->bwd_q_unit(&a[pp], &g[pp], &r, n / blocks, n % blocks, &w);
+            }
         }
         free(w.arena);
         free(dq);
     }
     free(start);
-    free(delta);
+    free(data);
     return status;
 }
 

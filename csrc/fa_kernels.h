@@ -119,6 +119,19 @@ typedef struct {
 
 /* Rows of a query block of the backward's units (a multiple of every MR). */
 #define FA_BWD_BQ 96
+/* A row whose forward lse is this large in magnitude has its softmax's
+ * normalizer recomputed (bwd_row_stats): exp(s - lse) from a float32 lse
+ * has a relative error of |lse| 2**-24 (1.5e-5 at 256), and a row of
+ * float32-min padding keeps nothing of log(S) in its lse at all. */
+#define FA_BWD_LSE_EXACT 256.0f
+
+/* The backward's rows (one block per problem, each nbatch x L floats): Delta
+ * = rowsum(dout o out), then each row's P = exp(s - shift) inv: shift = lse
+ * and inv = 1, or, for the rows of FA_BWD_LSE_EXACT, the row's maximum score
+ * and the inverse of its sum of exp(s - max) (sinks included). */
+typedef struct {
+    float *delta, *shift, *inv;
+} fa_bwd_rows;
 
 /* Per-thread working memory of the backward's units (sizes in backward.c's
  * bwd_scratch_alloc). Dp, Dvp: D and Dv rounded up to FA_NR; ldp: the row
@@ -136,9 +149,13 @@ typedef struct {
     float *acc;       /* max(FA_BK + FA_MAX_MR, FA_BWD_BQ) x max(Dp, Dvp): dq; or dk ... */
     float *acc2;      /* ... and dv */
     float *ones;      /* FA_BK + FA_MAX_MR + FA_BWD_BQ ones: the products' alpha (C += A.B) */
-    float *rlse, *rdelta; /* FA_BWD_BQ: the block's lse and Delta */
+    float *rshift, *rinv, *rdelta; /* FA_BWD_BQ: the block's rows' P = exp(s - shift) inv
+                                    * (shift lse, inv 1, or fa_bwd_rows's), and Delta */
     int64_t *lo, *hi; /* FA_BWD_BQ allowed key ranges */
-    unsigned char *live; /* FA_BWD_BQ: the row takes part */
+    unsigned char *live; /* FA_BWD_BQ: the row takes part in the current pair */
+    unsigned char *bad;  /* FA_BWD_BQ: a row with an allowed key whose q or dout is not
+                          * finite (its products are added apart: op_backward.inc) */
+    int64_t nbad;
     void *arena;
 } fa_bwd_scratch;
 
@@ -164,17 +181,20 @@ typedef struct {
                         const float *acc, float *M, double *L, float *A);
     void (*finish_rows)(const fa_attn_args *a, const fa_unit *u, int64_t Dvp, const float *M,
                         const double *L, const float *A, float *out, float *lse);
-    /* The backward's units (op_backward.inc): dk and dv of key tile t of kv
-     * item c; dq of query block t (FA_BWD_BQ rows) of batch item b. delta:
-     * Delta of every row (nbatch x L). */
-    void (*bwd_kv_unit)(const fa_attn_args *a, const fa_bwd_args *g, const float *delta,
+    /* The backward's units (op_backward.inc), over the rows' data r
+     * (fa_bwd_rows): the shift and inv of the rows of query block t of
+     * item b whose |lse| >= FA_BWD_LSE_EXACT; dk and dv of key tile t of
+     * kv item c; dq of query block t (FA_BWD_BQ rows) of batch item b. */
+    void (*bwd_row_stats)(const fa_attn_args *a, const fa_bwd_args *g, const fa_bwd_rows *r,
+                          int64_t b, int64_t t, fa_bwd_scratch *w);
+    void (*bwd_kv_unit)(const fa_attn_args *a, const fa_bwd_args *g, const fa_bwd_rows *r,
                         int64_t c, int64_t t, fa_bwd_scratch *w);
-    void (*bwd_q_unit)(const fa_attn_args *a, const fa_bwd_args *g, const float *delta,
+    void (*bwd_q_unit)(const fa_attn_args *a, const fa_bwd_args *g, const fa_bwd_rows *r,
                        int64_t b, int64_t t, fa_bwd_scratch *w);
     /* Both at once for every key tile of kv item c (five products a pair
      * instead of seven, the same bits): dq, the sums of its batch items'
      * rows, group x (L rounded up to FA_BWD_BQ) x Dp floats. */
-    void (*bwd_head_unit)(const fa_attn_args *a, const fa_bwd_args *g, const float *delta,
+    void (*bwd_head_unit)(const fa_attn_args *a, const fa_bwd_args *g, const fa_bwd_rows *r,
                           int64_t c, fa_bwd_scratch *w, float *dq);
 } fa_kernel_table;
 

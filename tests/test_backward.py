@@ -660,3 +660,97 @@ def test_varlen_backward_errors(impl, rng):
         impl.varlen_attention_backward(o, q, k, v, o.astype(int), lse, cu_q, cu_k)
     with pytest.raises(ValueError, match="cu_seqlens_q must end at total_q"):
         impl.varlen_attention_backward(o, q, k, v, o, lse, cu_q[:-1], cu_k[:-1])
+
+
+# ----------------------------------------------------------------------------
+# The compiled kernels: every SIMD path, tiles, threads, large lse, bad rows
+
+COMPILED_CASES = [  # (Hq, Hkv, L, S, D, Dv, keywords): more than one tile and block
+    ("causal GQA", 4, 2, 130, 200, 24, 40, {"is_causal": True, "enable_gqa": True}),
+    ("window softcap", 2, 2, 100, 160, 32, 32, {"window": (50, 10), "softcap": 3.0}),
+    ("sinks ALiBi", 3, 3, 97, 70, 16, 8, {"sinks": np.array([0.5, -1.0, 2.0], np.float32),
+                                          "alibi_slopes": np.array([0.1, 0.2, 0.4],
+                                                                   np.float32)}),
+    ("bool mask L>S", 2, 2, 150, 90, 20, 20, {"mask": 0.6}),
+]
+
+
+def _compiled_case(rng, case):
+    _, Hq, Hkv, Lc, Sc, Dc, Dvc, kw = case
+    kw = dict(kw)
+    q = randn(rng, 2, Hq, Lc, Dc)
+    k, v = randn(rng, 2, Hkv, Sc, Dc), randn(rng, 2, Hkv, Sc, Dvc)
+    if "mask" in kw:
+        kw["attn_mask"] = rng.random((Lc, Sc)) < kw.pop("mask")
+    if Hq != Hkv:
+        kw["enable_gqa"] = True
+    return q, k, v, kw
+
+
+@pytest.mark.parametrize("case", COMPILED_CASES, ids=[c[0] for c in COMPILED_CASES])
+def test_compiled_backward_on_every_simd_path(simd, case, rng):
+    q, k, v, kw = _compiled_case(rng, case)
+    do, o, lse, got = forward_and_backward(fastattn, lambda shape: randn(rng, *shape),
+                                           q, k, v, **kw)
+    want = ref.attention_backward(do, q, k, v, o, lse, **kw)
+    for name, g, w in zip(("dq", "dk", "dv", "dsinks"), got, want):
+        assert_grad(g, w.astype(np.float64), fastattn, name)
+
+
+@pytest.mark.parametrize("case", COMPILED_CASES, ids=[c[0] for c in COMPILED_CASES])
+def test_compiled_backward_is_bitwise_the_same_on_any_thread_count(threads, case, rng):
+    # One thread and two take one unit a kv head (five products a tile);
+    # three, with four or six kv heads, split them into key-tile and
+    # query-block units (seven): the same sums in the same order, so the
+    # same bits. Each batch item alone gives its own rows' bits too.
+    q, k, v, kw = _compiled_case(rng, case)
+    o, lse = fastattn.scaled_dot_product_attention(q, k, v, return_lse=True, **kw)
+    do = randn(rng, *o.shape)
+    results = []
+    for n in (1, 2, 3):
+        threads(n)
+        results.append(fastattn.attention_backward(do, q, k, v, o, lse, **kw))
+    for other in results[1:]:
+        for x, y in zip(results[0], other):
+            np.testing.assert_array_equal(x, y)
+    if "sinks" not in kw and "alibi_slopes" not in kw:  # (per-head arrays of the full batch)
+        one = fastattn.attention_backward(do[1:], q[1:], k[1:], v[1:], o[1:], lse[1:], **kw)
+        for x, y in zip(results[0], one):
+            np.testing.assert_array_equal(x[1:], y)
+
+
+@pytest.mark.parametrize("offset", [-1e30, 1e30])
+def test_rows_of_huge_lse_get_their_weights(offset, rng):
+    # An additive mask of `offset` on every key of some rows: their scores
+    # round to `offset` alike (equal weights), and their float32 lse to
+    # `offset`, which holds nothing of log(S): exp(s - lse) would weigh each
+    # key 1. Such rows' normalizers are recomputed from their scores. Other
+    # rows see a few keys of ordinary score among keys far below.
+    q, k, v = randn(rng, 1, 2, 40, 16), randn(rng, 1, 2, 90, 16), randn(rng, 1, 2, 90, 8)
+    mask = np.zeros((40, 90), np.float32)
+    mask[::3] = offset
+    mask[1::3, 5:] = -abs(offset)
+    do, o, lse, got = forward_and_backward(fastattn, lambda shape: randn(rng, *shape),
+                                           q, k, v, attn_mask=mask)
+    assert np.all(lse[..., ::3] == np.float32(offset))
+    want = ref.attention_backward(do, q, k, v, o, lse, attn_mask=mask)
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        assert_grad(g, w.astype(np.float64), fastattn, name)
+
+
+def test_a_non_finite_query_row_spreads_only_where_it_is_seen(rng):
+    # Causal: row 5's NaN q reaches dk and dv of keys 0..5 only (the keys it
+    # sees), and its inf in do the same; the other rows' gradients are those
+    # of the clean call.
+    q, k, v = randn(rng, 1, 1, 70, 8), randn(rng, 1, 1, 70, 8), randn(rng, 1, 1, 70, 8)
+    q[0, 0, 5, 3] = np.nan
+    do, o, lse, got = forward_and_backward(fastattn, lambda shape: randn(rng, *shape),
+                                           q, k, v, is_causal=True)
+    do[0, 0, 9, 2] = np.inf
+    got = fastattn.attention_backward(do, q, k, v, o, lse, is_causal=True)
+    want = ref.attention_backward(do, q, k, v, o, lse, is_causal=True)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(w))
+        ok = np.isfinite(w)
+        np.testing.assert_allclose(g[ok], w[ok], rtol=2e-4,
+                                   atol=2e-5 * float(np.max(np.abs(w[ok]))))

@@ -10,7 +10,8 @@ import fastattn
 from fastattn import reference as ref
 
 COMPUTE = ["softmax", "log_softmax", "logsumexp", "scaled_dot_product_attention", "causal_attention",
-           "sliding_window_attention", "attention_weights"]
+           "sliding_window_attention", "attention_weights", "attention_backward",
+           "varlen_attention_backward"]
 
 
 def test_version():
@@ -74,9 +75,10 @@ def test_show_config_says_single_threaded_build(capsys, monkeypatch):
 
 
 def test_public_names_are_the_api_plus_config():
-    from fastattn import _attention, _merge, _softmax, _threads, _varlen
+    from fastattn import _attention, _backward, _merge, _softmax, _threads, _varlen
 
-    api = set().union(*(m.__all__ for m in (_softmax, _attention, _varlen, _merge, _threads)))
+    api = set().union(*(m.__all__ for m in (_softmax, _attention, _varlen, _merge, _threads,
+                                            _backward)))
     assert set(fastattn.__all__) == api | {"show_config", "__version__"}
     for name in fastattn.__all__:
         assert hasattr(fastattn, name)

@@ -17,6 +17,7 @@ import numpy as np
 import fastattn
 from fastattn import reference
 from fastattn._bench import (
+    backward_grid,
     KV_DTYPES,
     LAYOUTS,
     MODEL_CASES,
@@ -134,7 +135,8 @@ def bench(args):
                        "layout")) or args.causal
     if args.options:
         ignored = [flag for flag, on in (
-            ("--models", args.models), ("--case", args.case), ("--batch", args.batch),
+            ("--models", args.models), ("--backward", args.backward), ("--case", args.case),
+            ("--batch", args.batch),
             ("--kv-heads", args.kv_heads), ("-S", args.S), ("--causal", args.causal),
             ("--window", args.window), ("--kv-dtype", args.kv_dtype),
             ("--layout", args.layout), ("--reference", args.reference)) if on]
@@ -144,6 +146,13 @@ def bench(args):
             return 2
         options_grid(repeat=args.repeat, L=args.L or 4096, heads=args.heads or 8,
                      D=args.D or 128, threads=args.threads or 2)
+        return 0
+    if args.backward:
+        if shape_given or args.models or args.case:
+            print("bench: --backward takes only --threads, --repeat and --no-memory",
+                  file=sys.stderr)
+            return 2
+        backward_grid(repeat=args.repeat, threads=args.threads or 2, memory=not args.no_memory)
         return 0
     if args.models:
         if shape_given:
@@ -258,6 +267,9 @@ def main(argv=None):
                    help="time the grid of model shapes (encoders, ViT, Whisper, LLM decode and "
                         "prefill, a tiny call) against the reference, PyTorch and ONNX Runtime "
                         "(2 threads for each unless --threads)")
+    b.add_argument("--backward", action="store_true",
+                   help="time attention_backward against PyTorch's CPU backward on four long "
+                        "shapes (2 threads by default) and measure its peak memory")
     b.add_argument("--case", action="append", choices=[n for n, _ in MODEL_CASES],
                    metavar="NAME", help="--models: time only this case (repeatable)")
     b.add_argument("--batch", "-B", type=_count(1), help="batch size (default 1)")

@@ -533,6 +533,111 @@ def peak_extra_mib(L=16384):
     return int(res.stdout.strip()) / 1024
 
 
+# The backward's shapes: (B, H, L, S, D, causal).
+BACKWARD_CASES = [(1, 8, 2048, 2048, 64, True), (1, 8, 2048, 2048, 64, False),
+                  (1, 8, 2048, 2048, 128, True), (1, 12, 1500, 1500, 64, False)]
+
+_BACKWARD_PEAK_SCRIPT = """
+import resource, sys
+import numpy as np, fastattn
+L = int(sys.argv[1])
+rng = np.random.default_rng(0)
+q, k, v, do = (rng.standard_normal((1, 4, L, 64), dtype=np.float32) for _ in range(4))
+out = np.empty_like(q)
+o, lse = fastattn.scaled_dot_product_attention(q, k, v, is_causal=True, return_lse=True)
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+fastattn.causal_attention(q, k, v, out=out)
+forward = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base
+fastattn.attention_backward(do, q, k, v, o, lse, is_causal=True)
+print(forward, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base)
+"""
+
+
+def backward_peak_extra_mib(L=8192):
+    """(MiB the causal forward adds to the peak RSS of a process that holds
+    its inputs, MiB the backward adds: B=1, H=4, L=S, D=64)."""
+    res = subprocess.run([sys.executable, "-c", _BACKWARD_PEAK_SCRIPT, str(L)],
+                         capture_output=True, text=True, check=True)
+    forward, backward = (int(x) / 1024 for x in res.stdout.split())
+    return forward, backward
+
+
+def time_backward(B, H, L, S, D, causal, repeat=3, threads=2):
+    """Seconds of fastattn.attention_backward and of PyTorch's backward of
+    its scaled_dot_product_attention (forward + backward minus forward; None
+    without torch) on `threads` threads, each checked against the other's
+    gradients first."""
+    q, k, v, do = (_randn(shape, SEED + n) for n, shape in
+                   enumerate([(B, H, L, D), (B, H, S, D), (B, H, S, D), (B, H, L, D)]))
+    fastattn.set_num_threads(threads)
+    try:
+        o, lse = fastattn.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                       return_lse=True)
+        grads = fastattn.attention_backward(do, q, k, v, o, lse, is_causal=causal)
+        fa = best_time(lambda: fastattn.attention_backward(do, q, k, v, o, lse,
+                                                           is_causal=causal), repeat)
+    finally:
+        fastattn.set_num_threads(None)
+    torch = torch_or_none()
+    if torch is None:
+        return fa, None
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        tq, tk, tv = (torch.from_numpy(x).requires_grad_() for x in (q, k, v))
+        tdo = torch.from_numpy(do)
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+
+        def forward():
+            with torch.no_grad():
+                sdpa(tq, tk, tv, is_causal=causal)
+
+        def both():
+            for x in (tq, tk, tv):
+                x.grad = None
+            sdpa(tq, tk, tv, is_causal=causal).backward(tdo)
+
+        both()
+        for mine, theirs in zip(grads, (tq.grad, tk.grad, tv.grad)):
+            theirs = theirs.numpy()
+            np.testing.assert_allclose(mine, theirs, rtol=1e-3,
+                                       atol=1e-4 * float(np.max(np.abs(theirs))))
+        tb = best_time(both, repeat) - best_time(forward, repeat)
+    finally:
+        torch.set_num_threads(before)
+    return fa, tb
+
+
+def backward_grid(repeat=3, threads=2, memory=True, out=None):
+    """Time the backward's shapes against PyTorch's CPU backward and print
+    one row each: times, the speed-up, the FLOP rate (the backward counted
+    as 2.5 times the forward's products, as FlashAttention counts it) and
+    its fraction of the FMA peak; then the peak memory of a long causal
+    backward next to the forward's."""
+    out = sys.stdout if out is None else out
+    peak = max(fma_peaks(threads).values() or [float("nan")])
+    print(environment_line(threads), file=out)
+    print(f"FMA peak: {peak:.0f} GFLOP/s on {threads} threads", file=out)
+    print(f"{'(B, H, L, S, D)':<28}{'fastattn':>10}{'torch':>10}{'speed-up':>10}"
+          f"{'GFLOP/s':>9}{'of peak':>9}", file=out)
+    ups = []
+    for B, H, L, S, D, causal in BACKWARD_CASES:
+        fa, tb = time_backward(B, H, L, S, D, causal, repeat, threads)
+        rate = 2.5 * 4 * B * H * L * S * D * (0.5 if causal else 1.0) / fa / 1e9
+        if tb:
+            ups.append(tb / fa)
+        print(f"{str((B, H, L, S, D)) + (' causal' if causal else ''):<28}"
+              f"{fa * 1e3:8.1f}ms" + (f"{tb * 1e3:8.1f}ms{tb / fa:9.2f}x" if tb else
+                                      f"{'-':>10}{'-':>10}")
+              + f"{rate:9.0f}{rate / peak:9.0%}", file=out)
+    if ups:
+        print(f"geometric mean speed-up over torch: {geomean(ups):.2f}x", file=out)
+    if memory:
+        fwd, bwd = backward_peak_extra_mib()
+        print(f"peak memory, causal L=S=8192 (H=4, D=64) above the inputs: forward "
+              f"{fwd:.0f} MiB, backward {bwd:.0f} MiB (the gradients: 24 MiB)", file=out)
+
+
 def grid(repeat=3, memory=True, out=None):
     """Measure the speed targets and print one row per target:
     what was measured, the goal, and whether it is met (to `out`, default

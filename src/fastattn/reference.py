@@ -45,8 +45,6 @@ __all__ = [
     "attention_weights",
     "varlen_attention",
     "merge_attention",
-    # The backward's twins: fastattn.attention_backward and
-    # fastattn.varlen_attention_backward (compiled) are still to come.
     "attention_backward",
     "varlen_attention_backward",
 ]
