@@ -6,7 +6,9 @@
  * fa_sdpa_f32 and rows through fa_rowwise_f32, compares every result with a
  * straightforward double-precision computation written here from the
  * documented rules, checks that the result does not change with the thread
- * count, and checks that all variants agree closely with the first one. It
+ * count, and checks that all variants agree closely with the first one; for
+ * each case also the gradients (fa_attention_backward_f32) against the
+ * double-precision backward, and across thread counts. It
  * prints one line per variant and case and exits 0 when every check holds, 1
  * when one fails, 2 when a kernel refuses its arguments or memory runs out.
  *
@@ -31,6 +33,11 @@
  * each other (their summation orders differ, their exponentials by <= 2 ulp). */
 #define OUT_RTOL 3e-5
 #define OUT_ATOL 3e-6
+/* Gradients (float32 sums of many products) against the double computation:
+ * relative, and absolute in units of the gradient's largest magnitude (as
+ * tests/test_backward.py holds them). */
+#define BWD_RTOL 2e-4
+#define BWD_ATOL 2e-5
 #define AGREE_RTOL 1e-5
 #define AGREE_ATOL 1e-6
 #define MAX_VARIANTS 8
@@ -353,6 +360,149 @@ static int run_sdpa(const acase *c, abuf *b, float *out, float *lse, int nthread
     return fa_sdpa_f32(&a, out, lse, nthreads);
 }
 
+/* ------------------------------------------------------------- gradients */
+
+/* The gradients of sum(dout * out) in double from the documented rules
+ * (FlashAttention-2's backward with the exact lse of reference(), which
+ * must have run): per item, row and allowed key, P = exp(s - lse), dS =
+ * P (dout . v - Delta), times 1 - tanh^2 under the soft cap. gq: B L D,
+ * gk: B/G S D, gv: B/G S Dv, gs: B (sinks). */
+static void reference_backward(const acase *c, const abuf *b, const float *dout, double *gq,
+                               double *gk, double *gv, double *gs)
+{
+    const double scale = case_scale(c);
+    const int64_t nkv = c->B / c->G;
+    int64_t it, i, j, d;
+    memset(gq, 0, (size_t)(c->B * c->L * c->D) * sizeof(double));
+    memset(gk, 0, (size_t)(nkv * c->S * c->D) * sizeof(double));
+    memset(gv, 0, (size_t)(nkv * c->S * c->Dv) * sizeof(double));
+    memset(gs, 0, (size_t)c->B * sizeof(double));
+    for (it = 0; it < c->B; it++) {
+        const double *kd = b->kd + b->kv_off[it], *vd = b->vd + b->kv_off[c->B + it];
+        double *dk = gk + (it / c->G) * c->S * c->D, *dv = gv + (it / c->G) * c->S * c->Dv;
+        for (i = 0; i < c->L; i++) {
+            const int64_t p = i + c->S - c->L;
+            const float *qi = b->q + b->q_off[it] + i * c->D;
+            const float *dy = dout + (it * c->L + i) * c->Dv;
+            const double lse = b->want_lse[it * c->L + i];
+            double delta = 0.0;
+            if (lse == -INFINITY)
+                continue;
+            for (d = 0; d < c->Dv; d++)
+                delta += (double)dy[d] * b->want_out[(it * c->L + i) * c->Dv + d];
+            if (b->sinks)
+                gs[it] -= exp(b->sinks[it] - lse) * delta;
+            for (j = 0; j < c->S; j++) {
+                const int64_t m = b->mask_off[it] + i * c->S + j;
+                double dot = 0.0, s, P, dp = 0.0, ds, f = 1.0;
+                if ((b->bmask && !b->bmask[m]) || (c->is_causal && j > p)
+                    || (c->win_left >= 0 && j < p - c->win_left)
+                    || (c->win_right >= 0 && j > p + c->win_right)
+                    || (b->fmask && b->fmask[m] == -INFINITY))
+                    continue;
+                for (d = 0; d < c->D; d++)
+                    dot += (double)qi[d] * kd[j * c->D + d];
+                s = scale * dot;
+                if (c->options) {
+                    const double t = tanh(s / SOFTCAP);
+                    f = 1.0 - t * t;
+                    s = SOFTCAP * t - b->slopes[it] * fabs((double)(p - j));
+                }
+                if (b->fmask)
+                    s += b->fmask[m];
+                P = exp(s - lse);
+                for (d = 0; d < c->Dv; d++) {
+                    dp += (double)dy[d] * vd[j * c->Dv + d];
+                    dv[j * c->Dv + d] += P * dy[d];
+                }
+                ds = P * (dp - delta) * f * scale;
+                for (d = 0; d < c->D; d++) {
+                    gq[(it * c->L + i) * c->D + d] += ds * kd[j * c->D + d];
+                    dk[j * c->D + d] += ds * qi[d];
+                }
+            }
+        }
+    }
+}
+
+static int run_backward(const acase *c, abuf *b, const float *dout, float *gq, float *gk,
+                        float *gv, float *gs, int nthreads)
+{
+    const int64_t nkv = c->B / c->G, LS = c->L * c->S;
+    int64_t *dq_off = alloc((size_t)c->B * sizeof(int64_t));
+    int64_t *dkv_off = alloc((size_t)nkv * 2 * sizeof(int64_t));
+    fa_attn_args a;
+    fa_bwd_args g;
+    int64_t it;
+    int status;
+    memset(&a, 0, sizeof a);
+    memset(&g, 0, sizeof g);
+    for (it = 0; it < c->B; it++)
+        dq_off[it] = it * c->L * c->D;
+    for (it = 0; it < nkv; it++) {
+        dkv_off[it] = it * c->S * c->D;
+        dkv_off[nkv + it] = it * c->S * c->Dv;
+    }
+    a.nbatch = c->B;
+    a.L = c->L;
+    a.S = c->S;
+    a.D = c->D;
+    a.Dv = c->Dv;
+    a.q = b->q;
+    a.k = b->k;
+    a.v = b->v;
+    a.k_dtype = a.v_dtype = c->kv_dtype;
+    a.q_off = b->q_off;
+    a.k_off = b->kv_off;
+    a.v_off = b->kv_off + c->B;
+    a.q_rs = c->D;
+    a.k_rs = c->D;
+    a.v_rs = c->Dv;
+    a.mask_kind = b->bmask ? FA_MASK_BOOL : b->fmask ? FA_MASK_FLOAT : FA_MASK_NONE;
+    a.bool_mask = b->bmask;
+    a.float_mask = b->fmask;
+    a.mask_off = a.mask_kind != FA_MASK_NONE ? b->mask_off : NULL;
+    a.mask_sl = c->S;
+    a.mask_ss = 1;
+    a.is_causal = c->is_causal;
+    a.win_left = c->win_left;
+    a.win_right = c->win_right;
+    a.scale = case_scale(c);
+    a.softcap = c->options ? SOFTCAP : 0.0f;
+    a.alibi_slopes = b->slopes;
+    a.sinks = b->sinks;
+    a.q_span.hi = c->B * c->L * c->D;
+    a.k_span.hi = nkv * c->S * c->D;
+    a.v_span.hi = nkv * c->S * c->Dv;
+    a.mask_span.hi = a.mask_kind != FA_MASK_NONE ? c->B * LS : 0;
+    a.slopes_len = b->slopes ? c->B : 0;
+    a.sinks_len = b->sinks ? c->B : 0;
+    g.group = c->G;
+    g.dout = dout;
+    g.out = b->out;
+    g.lse = b->lse;
+    g.dq = gq;
+    g.dk = gk;
+    g.dv = gv;
+    g.dsinks = b->sinks ? gs : NULL;
+    g.dq_off = dq_off;
+    g.dk_off = dkv_off;
+    g.dv_off = dkv_off + nkv;
+    g.dq_rs = c->D;
+    g.dk_rs = c->D;
+    g.dv_rs = c->Dv;
+    g.dout_span.hi = g.out_span.hi = c->B * c->L * c->Dv;
+    g.lse_span.hi = c->B * c->L;
+    g.dq_span.hi = c->B * c->L * c->D;
+    g.dk_span.hi = nkv * c->S * c->D;
+    g.dv_span.hi = nkv * c->S * c->Dv;
+    g.dsinks_len = b->sinks ? c->B : 0;
+    status = fa_attention_backward_f32(&a, &g, nthreads);
+    free(dq_off);
+    free(dkv_off);
+    return status;
+}
+
 /* ------------------------------------------------------------ comparisons */
 
 typedef struct {
@@ -535,6 +685,49 @@ int main(void)
                      v.worst, wrong ? ", empty rows not 0/-inf" : "",
                      threads_same ? "" : ", threads change bits");
             report(variants[vi], c->name, detail, v.bad == 0 && wrong == 0 && threads_same);
+
+            { /* the gradients: against the double computation, across threads */
+                const int64_t nkv = c->B / c->G;
+                const int64_t n[4] = {c->B * c->L * c->D, nkv * c->S * c->D,
+                                      nkv * c->S * c->Dv, c->B};
+                float *dout = alloc((size_t)nout * sizeof(float)), *got[2][4];
+                double *want[4];
+                verdict gv = {0.0, 0};
+                int gsame = 1, t, e, gst = FA_OK;
+                for (i = 0; i < nout; i++)
+                    dout[i] = normal();
+                for (e = 0; e < 4; e++) {
+                    want[e] = alloc((size_t)n[e] * sizeof(double));
+                    for (t = 0; t < 2; t++)
+                        got[t][e] = alloc((size_t)n[e] * sizeof(float));
+                }
+                reference_backward(c, &b, dout, want[0], want[1], want[2], want[3]);
+                for (t = 0; t < 2 && gst == FA_OK; t++)
+                    gst = run_backward(c, &b, dout, got[t][0], got[t][1], got[t][2], got[t][3],
+                                       t ? NTHREADS : 1);
+                if (gst != FA_OK) {
+                    fprintf(stderr, "kernel_driver: %s %s backward: status %d\n", variants[vi],
+                            c->name, gst);
+                    return 2;
+                }
+                for (e = 0; e < (b.sinks ? 4 : 3); e++) {
+                    double big = 1.0;
+                    for (i = 0; i < n[e]; i++)
+                        big = fabs(want[e][i]) > big ? fabs(want[e][i]) : big;
+                    for (i = 0; i < n[e]; i++)
+                        judge(&gv, got[0][e][i], want[e][i], BWD_RTOL, BWD_ATOL * big);
+                    gsame &= same_bits(got[0][e], got[1][e], n[e]);
+                }
+                snprintf(detail, sizeof detail, "gradients: err %.2f of bound%s", gv.worst,
+                         gsame ? "" : ", threads change bits");
+                report(variants[vi], c->name, detail, gv.bad == 0 && gsame);
+                free(dout);
+                for (e = 0; e < 4; e++) {
+                    free(want[e]);
+                    free(got[0][e]);
+                    free(got[1][e]);
+                }
+            }
 
             if (vi == 0) { /* keep the first variant's results */
                 first_out[ci] = b.out;
