@@ -5,8 +5,7 @@ every SIMD variant the CPU runs, attention cases (plain, causal, window,
 GQA, bool and float masks, decoding over more than one key chunk, rows with
 no allowed key, float16 and bfloat16 k and v, softcap with ALiBi and sinks),
 their gradients, and softmax rows against double-precision C, across thread
-counts, and the
-variants against each other; see its header. The build is kept in the
+counts, and the variants against each other; see its header. The build is kept in the
 source tree's build/ under a key of the sources, the compiler and the flags,
 so only a change rebuilds it. Skipped where there is no C compiler or no
 csrc/ (the installed wheel tested from outside the source tree).
