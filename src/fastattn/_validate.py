@@ -168,7 +168,8 @@ def as_array(x: Any, name: str) -> np.ndarray:
     ``__array_interface__``), objects with only ``__dlpack__``, and PyTorch CPU
     tensors, bfloat16 ones included (as an ``ml_dtypes.bfloat16`` view of the
     same memory). A tensor that requires grad is refused with a message naming
-    the argument: fastattn computes no gradients, so it must be detached.
+    the argument: the NumPy functions record nothing for autograd, so it must
+    be detached (fastattn.torch's function is the differentiable one).
     A ``numpy.ma.MaskedArray`` is refused (TypeError): its mask would be
     ignored, so that masked entries would count as data.
     """
@@ -180,8 +181,10 @@ def as_array(x: Any, name: str) -> np.ndarray:
         return x
     if _is_torch_tensor(x):
         if x.requires_grad:
-            raise TypeError(f"{name} is a torch tensor that requires grad; fastattn computes "
-                            f"no gradients: pass {name}.detach()")
+            raise TypeError(f"{name} is a torch tensor that requires grad; fastattn's NumPy "
+                            f"functions record nothing for autograd: pass {name}.detach(), or "
+                            f"use fastattn.torch.scaled_dot_product_attention, which is "
+                            f"differentiable")
         if x.device.type != "cpu":
             raise TypeError(f"{name} is a torch tensor on {x.device}; fastattn runs on the "
                             f"CPU: pass {name}.cpu()")
