@@ -57,7 +57,8 @@ TESTS=(tests/test_attention.py tests/test_softmax.py tests/test_masking.py tests
        tests/test_properties.py tests/test_concurrency.py
        tests/test_kv_dtypes.py tests/test_merge.py tests/test_decode_path.py tests/test_varlen.py
        tests/test_score_options.py tests/test_flash_attn.py tests/test_call_cost.py
-       tests/test_layouts.py tests/test_errors_fuzzed.py tests/test_memory_safety.py)
+       tests/test_layouts.py tests/test_errors_fuzzed.py tests/test_memory_safety.py
+       tests/test_backward.py)
 
 "$PY" -c "import fastattn, sys; c = fastattn.show_config(mode='dicts'); \
 assert fastattn._core.__file__.startswith('$WORK'), fastattn._core.__file__; print(c)"
