@@ -4,6 +4,7 @@ Build: ``make -C docs html`` (warnings are errors, nitpicky), doctests:
 ``make -C docs doctest``. The API pages document the installed package, so
 install it first (``pip install ".[docs]"``).
 """
+import importlib.util
 import os
 import sys
 
@@ -37,11 +38,17 @@ numpydoc_show_class_members = False
 numpydoc_xref_param_type = False
 numpydoc_validation_checks = set()
 add_module_names = False
+# fastattn.torch imports PyTorch, which the docs extra leaves out: without it
+# the module's page is built from a stand-in (its examples are skipped below)
+HAVE_TORCH = importlib.util.find_spec("torch") is not None
+autodoc_mock_imports = [] if HAVE_TORCH else ["torch"]
 
 # -- doctests: the pages' examples and the docstrings' Examples --------------
 doctest_global_setup = """
+import importlib.util
 import numpy as np
 import fastattn
+no_torch = importlib.util.find_spec("torch") is None  # (a doctest's :skipif: no_torch)
 np.set_printoptions(precision=4, suppress=True)
 try:  # the docstring example of this class names it bare, as its module does
     from fastattn.dask import FastattnThreads
