@@ -111,14 +111,15 @@ def _sdpa_backward(grad_out: Tensor, grad_lse: Optional[Tensor], query: Tensor, 
     sinks). grad_lse, the gradient with respect to lse, may be None."""
     _check_cpu(grad_out, grad_lse, query, key, value, out, lse, attn_mask, alibi_slopes, sinks)
     do, o, v = _as_numpy(grad_out), _as_numpy(out), _as_numpy(value)
-    with_lse = grad_lse is not None and bool(np.any(_as_numpy(grad_lse)))
-    if with_lse:
+    g_lse = None if grad_lse is None else _as_numpy(grad_lse)
+    with_lse = g_lse is not None and bool(np.any(g_lse))
+    if g_lse is not None and with_lse:
         # d lse_i / d s_ij = P_ij, so the gradient of lse adds P_ij * dlse_i to
         # that of the scores, dS_ij = P_ij (do_i . v_j - Delta_i + dlse_i), and
         # P_sink_i * dlse_i to that of the sink: Delta_i = do_i . o_i becomes
         # Delta_i - dlse_i. One column more on do (dlse), o (-1) and v (0)
         # makes the kernels compute exactly that.
-        dlse = np.asarray(_as_numpy(grad_lse), np.float32)[..., None]
+        dlse = np.asarray(g_lse, np.float32)[..., None]
         do = np.concatenate([np.asarray(do, np.float32), dlse], axis=-1)
         o = np.concatenate([o, np.full(o.shape[:-1] + (1,), -1.0, np.float32)], axis=-1)
         v = np.concatenate([np.asarray(v, np.float32), np.zeros(v.shape[:-1] + (1,),
