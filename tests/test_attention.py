@@ -504,12 +504,10 @@ def test_huge_scores_do_not_overflow(rng):
 # ------------------------------------------------------------------- memory
 
 _MEMORY_SCRIPT = """
-import resource, sys
+import sys
 import numpy as np
 import fastattn
-
-def peak_kib():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+from fastattn._bench import extra_peak_kib
 
 rng = np.random.default_rng(0)
 D = 16
@@ -523,10 +521,9 @@ else:
     args, kw = (q, k, v, rng.standard_normal((L, L), dtype=np.float32)), {}
 out = np.empty(q.shape[:-1] + (D,), np.float32)
 fastattn.scaled_dot_product_attention(*(a[..., :4, :4] for a in args[:3]))   # warm up
-base = peak_kib()
-fastattn.scaled_dot_product_attention(*args, out=out, **kw)
-fastattn.scaled_dot_product_attention(*args, is_causal=True, out=out, **kw)
-print(peak_kib() - base)
+print(extra_peak_kib(lambda: (fastattn.scaled_dot_product_attention(*args, out=out, **kw),
+                              fastattn.scaled_dot_product_attention(*args, is_causal=True,
+                                                                    out=out, **kw))))
 """
 
 

@@ -512,16 +512,47 @@ def print_times(rows, out=None):
               file=out)
 
 
+def _status_kib(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise OSError(f"{field} not in /proc/self/status")
+
+
+def extra_peak_kib(call):
+    """KiB by which ``call()`` raises this process's peak resident set size
+    above its resident size just before the call.
+
+    On Linux the peak is VmHWM in /proc/self/status, first reset to the
+    current size (by writing 5 to /proc/self/clear_refs, see proc(5)):
+    getrusage's ru_maxrss cannot be reset, and a process started with fork
+    or vfork and exec begins with its parent's peak in it. Elsewhere the
+    growth of ru_maxrss (bytes on macOS, KiB on other systems), which only
+    sees a peak above every earlier one."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        before = _status_kib("VmRSS")
+        call()
+        return _status_kib("VmHWM") - before
+    except OSError:
+        import resource
+        unit = 1024 if sys.platform == "darwin" else 1
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // unit
+        call()
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // unit - before
+
+
 _PEAK_SCRIPT = """
-import resource, sys
+import sys
 import numpy as np, fastattn
+from fastattn._bench import extra_peak_kib
 L = int(sys.argv[1])
 rng = np.random.default_rng(0)
 q, k, v = (rng.standard_normal((1, 8, L, 64), dtype=np.float32) for _ in range(3))
 out = np.ones_like(q)
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-fastattn.causal_attention(q, k, v, out=out)
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base)
+print(extra_peak_kib(lambda: fastattn.causal_attention(q, k, v, out=out)))
 """
 
 
@@ -538,18 +569,16 @@ BACKWARD_CASES = [(1, 8, 2048, 2048, 64, True), (1, 8, 2048, 2048, 64, False),
                   (1, 8, 2048, 2048, 128, True), (1, 12, 1500, 1500, 64, False)]
 
 _BACKWARD_PEAK_SCRIPT = """
-import resource, sys
+import sys
 import numpy as np, fastattn
+from fastattn._bench import extra_peak_kib
 L = int(sys.argv[1])
 rng = np.random.default_rng(0)
 q, k, v, do = (rng.standard_normal((1, 4, L, 64), dtype=np.float32) for _ in range(4))
-out = np.empty_like(q)
+out = np.ones_like(q)
 o, lse = fastattn.scaled_dot_product_attention(q, k, v, is_causal=True, return_lse=True)
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-fastattn.causal_attention(q, k, v, out=out)
-forward = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base
-fastattn.attention_backward(do, q, k, v, o, lse, is_causal=True)
-print(forward, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base)
+print(extra_peak_kib(lambda: fastattn.causal_attention(q, k, v, out=out)),
+      extra_peak_kib(lambda: fastattn.attention_backward(do, q, k, v, o, lse, is_causal=True)))
 """
 
 
