@@ -1051,14 +1051,11 @@ int fa_attention_weights_f32(const fa_attn_args *a, float *weights, int nthreads
     return run_problems(&w, 1, &fa_op_weights, NULL, NULL, weights, nthreads);
 }
 
-int fa_varlen_f32(const fa_attn_args *a, int64_t nseq, const int64_t *cu_q,
-                  const int64_t *cu_k, float *out, float *lse, int nthreads)
+int fa_check_cu_seqlens(const fa_attn_args *a, int64_t nseq, const int64_t *cu_q,
+                        const int64_t *cu_k)
 {
-    const int64_t H = a ? a->nbatch : 0;
-    fa_attn_args *sa = NULL;
     int64_t s;
-    int status = FA_OK;
-    if (!a || nseq < 0 || !cu_q || !cu_k || nthreads < 1 || H < 0)
+    if (!a || nseq < 0 || !cu_q || !cu_k || a->nbatch < 0)
         return FA_ERR_ARG;
     if (a->mask_kind != FA_MASK_NONE || a->seg_q || a->block_table || cu_q[0] != 0
         || cu_k[0] != 0)
@@ -1066,28 +1063,49 @@ int fa_varlen_f32(const fa_attn_args *a, int64_t nseq, const int64_t *cu_q,
     for (s = 0; s < nseq; s++)
         if (cu_q[s + 1] < cu_q[s] || cu_k[s + 1] < cu_k[s])
             return FA_ERR_ARG;
-    if (nseq == 0 || H == 0 || cu_q[nseq] == 0)
+    if (nseq > 0 && a->nbatch > 0 && cu_q[nseq] > 0
+        && (!a->o_off || !a->lse_off
+            || (uint64_t)nseq > (uint64_t)(SIZE_MAX / sizeof(fa_attn_args)) / (uint64_t)a->nbatch))
+        return FA_ERR_ARG;
+    return FA_OK;
+}
+
+void fa_varlen_sequence(const fa_attn_args *a, const int64_t *cu_q, const int64_t *cu_k,
+                        int64_t s, fa_attn_args *q)
+{
+    const int64_t at = s * a->nbatch; /* the first of its (row, head) items */
+    *q = *a;
+    q->L = cu_q[s + 1] - cu_q[s];
+    q->S = cu_k[s + 1] - cu_k[s];
+    q->q_off = a->q_off + at;
+    q->k_off = a->k_off + at;
+    q->v_off = a->v_off + at;
+    q->o_off = a->o_off + at;
+    q->lse_off = a->lse_off + at;
+    q->alibi_slopes = a->alibi_slopes ? a->alibi_slopes + at : NULL;
+    q->slopes_len = a->alibi_slopes ? a->slopes_len - at : 0;
+    q->sinks = a->sinks ? a->sinks + at : NULL;
+    q->sinks_len = a->sinks ? a->sinks_len - at : 0;
+}
+
+int fa_varlen_f32(const fa_attn_args *a, int64_t nseq, const int64_t *cu_q,
+                  const int64_t *cu_k, float *out, float *lse, int nthreads)
+{
+    fa_attn_args *sa = NULL;
+    int64_t s;
+    int status = fa_check_cu_seqlens(a, nseq, cu_q, cu_k);
+    if (status != FA_OK || nthreads < 1)
+        return FA_ERR_ARG;
+    if (nseq == 0 || a->nbatch == 0 || cu_q[nseq] == 0)
         return FA_OK;
-    if (!a->o_off || !a->lse_off || (a->Dv > 0 && !out)
-        || (uint64_t)nseq > (uint64_t)(SIZE_MAX / sizeof(fa_attn_args)) / (uint64_t)H)
+    if (a->Dv > 0 && !out)
         return FA_ERR_ARG;
     sa = (fa_attn_args *)malloc((size_t)nseq * sizeof *sa);
     if (!sa)
         return FA_ERR_NOMEM;
     for (s = 0; s < nseq && status == FA_OK; s++) { /* sequence s alone, as fa_sdpa_f32 sees it */
-        fa_attn_args *q = &sa[s];
-        const int64_t at = s * H;
-        *q = *a;
-        q->L = cu_q[s + 1] - cu_q[s];
-        q->S = cu_k[s + 1] - cu_k[s];
-        q->q_off = a->q_off + at;
-        q->k_off = a->k_off + at;
-        q->v_off = a->v_off + at;
-        q->o_off = a->o_off + at;
-        q->lse_off = a->lse_off + at;
-        q->alibi_slopes = a->alibi_slopes ? a->alibi_slopes + at : NULL;
-        q->sinks = a->sinks ? a->sinks + at : NULL;
-        status = fa_check_args(q, nthreads, 0, lse != NULL);
+        fa_varlen_sequence(a, cu_q, cu_k, s, &sa[s]);
+        status = fa_check_args(&sa[s], nthreads, 0, lse != NULL);
     }
     if (status == FA_OK)
         status = run_problems(sa, nseq, &fa_op_sdpa, out, lse, NULL, nthreads);

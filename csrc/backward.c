@@ -346,25 +346,14 @@ int fa_attention_backward_f32(const fa_attn_args *a, const fa_bwd_args *g, int n
 int fa_varlen_backward_f32(const fa_attn_args *a, const fa_bwd_args *g, int64_t nseq,
                            const int64_t *cu_q, const int64_t *cu_k, int nthreads)
 {
-    const int64_t H = a ? a->nbatch : 0;
     fa_attn_args *sa = NULL;
     fa_bwd_args *sg = NULL;
     int64_t s;
-    int status = FA_OK;
-    if (!a || !g || nseq < 0 || !cu_q || !cu_k || nthreads < 1 || H < 0 || g->group < 1
-        || H % g->group != 0)
+    int status = fa_check_cu_seqlens(a, nseq, cu_q, cu_k);
+    if (status != FA_OK || !g || nthreads < 1 || g->group < 1 || a->nbatch % g->group != 0)
         return FA_ERR_ARG;
-    if (a->mask_kind != FA_MASK_NONE || a->seg_q || a->block_table || cu_q[0] != 0
-        || cu_k[0] != 0)
-        return FA_ERR_ARG;
-    for (s = 0; s < nseq; s++)
-        if (cu_q[s + 1] < cu_q[s] || cu_k[s + 1] < cu_k[s])
-            return FA_ERR_ARG;
-    if (nseq == 0 || H == 0 || cu_q[nseq] == 0)
+    if (nseq == 0 || a->nbatch == 0 || cu_q[nseq] == 0)
         return FA_OK;
-    if (!a->o_off || !a->lse_off
-        || (uint64_t)nseq > (uint64_t)(SIZE_MAX / sizeof(fa_attn_args)) / (uint64_t)H)
-        return FA_ERR_ARG;
     sa = (fa_attn_args *)malloc((size_t)nseq * sizeof *sa);
     sg = (fa_bwd_args *)malloc((size_t)nseq * sizeof *sg);
     if (!sa || !sg) {
@@ -373,28 +362,16 @@ int fa_varlen_backward_f32(const fa_attn_args *a, const fa_bwd_args *g, int64_t 
         return FA_ERR_NOMEM;
     }
     for (s = 0; s < nseq && status == FA_OK; s++) { /* sequence s alone */
-        fa_attn_args *q = &sa[s];
+        const int64_t at = s * a->nbatch, kat = s * (a->nbatch / g->group);
         fa_bwd_args *h = &sg[s];
-        const int64_t at = s * H, kat = s * (H / g->group);
-        *q = *a;
+        fa_varlen_sequence(a, cu_q, cu_k, s, &sa[s]);
         *h = *g;
-        q->L = cu_q[s + 1] - cu_q[s];
-        q->S = cu_k[s + 1] - cu_k[s];
-        q->q_off = a->q_off + at;
-        q->k_off = a->k_off + at;
-        q->v_off = a->v_off + at;
-        q->o_off = a->o_off + at;
-        q->lse_off = a->lse_off + at;
-        q->alibi_slopes = a->alibi_slopes ? a->alibi_slopes + at : NULL;
-        q->sinks = a->sinks ? a->sinks + at : NULL;
-        q->sinks_len = a->sinks ? a->sinks_len - at : 0;
-        q->slopes_len = a->alibi_slopes ? a->slopes_len - at : 0;
         h->dq_off = g->dq_off + at;
         h->dk_off = g->dk_off ? g->dk_off + kat : NULL;
         h->dv_off = g->dv_off ? g->dv_off + kat : NULL;
         h->dsinks = g->dsinks ? g->dsinks + at : NULL;
         h->dsinks_len = g->dsinks ? g->dsinks_len - at : 0;
-        status = bwd_check_all(q, h, nthreads);
+        status = bwd_check_all(&sa[s], h, nthreads);
     }
     if (status == FA_OK)
         status = bwd_run(sa, sg, nseq, nthreads);

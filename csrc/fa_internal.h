@@ -521,4 +521,13 @@ int fa_in_span(fa_span s, int64_t off, int64_t n1, int64_t st1, int64_t n2, int6
                int64_t width);
 void *fa_arena(const size_t *sizes, int n, void **const *slots);
 
+/* A packed batch's cu_seqlens (nondecreasing from 0) and the options it
+ * cannot take; then the arguments of its sequence s alone, whose ALiBi
+ * slopes and sinks lengths count the entries left from that sequence on, so
+ * that fa_check_args bounds them. */
+int fa_check_cu_seqlens(const fa_attn_args *a, int64_t nseq, const int64_t *cu_q,
+                        const int64_t *cu_k);
+void fa_varlen_sequence(const fa_attn_args *a, const int64_t *cu_q, const int64_t *cu_k,
+                        int64_t s, fa_attn_args *q);
+
 #endif /* FA_INTERNAL_H */

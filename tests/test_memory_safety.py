@@ -272,15 +272,20 @@ def test_kernel_checks_packed_offsets():
     q = np.zeros((5, 2, 8), np.float32)
     cu = np.array([0, 2, 5])
 
-    def call(cu_q, cu_k):
+    def call(cu_q, cu_k, **kw):
         offs = _core.varlen_offsets(cu, 2, 1, 16, 8)
         _core.attention(q, q, q, k_dtype=0, v_dtype=0, q_off=offs, k_off=offs, v_off=offs,
                         q_rs=16, k_rs=16, v_rs=16, nbatch=2, L=0, S=0, D=8, Dv=8, scale=1.0,
                         out=np.zeros(80, np.float32), nthreads=1,
                         varlen=(cu_q, cu_k, _core.varlen_offsets(cu, 2, 1, 16, 8),
-                                _core.varlen_offsets(cu, 2, 1, 2, 1), 16, 2))
+                                _core.varlen_offsets(cu, 2, 1, 2, 1), 16, 2), **kw)
 
     call(cu, cu)
+    # the per-(sequence, head) slopes and sinks: 2 sequences x 2 heads of them
+    for name in ("alibi_slopes", "sinks"):
+        call(cu, cu, **{name: np.ones(4, np.float32)})
+        with pytest.raises(ValueError, match="rejected its arguments"):
+            call(cu, cu, **{name: np.ones(3, np.float32)})
     call(np.array([0, 3, 5]), cu)  # (other lengths, but every row within q: the offsets rule)
     for bad in ([0, 2, 6], [0, 2, 10**12], [0, 5, 2], [0, -1, 5]):
         with pytest.raises(ValueError, match="rejected its arguments"):
