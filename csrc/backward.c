@@ -127,9 +127,10 @@ static int bwd_check(const fa_attn_args *a, const fa_bwd_args *g)
     return FA_OK;
 }
 
-/* Item b's rows: Delta, shift = lse and inv = 1, the rows of large |lse|
- * recomputed (bwd_row_stats), then its dsink = -sum_i exp(sink - lse_i)
- * Delta_i, with exp(sink - shift_i) inv_i for exp(sink - lse_i). */
+/* Item b's rows: Delta, shift = lse (NaN for +inf) and inv = 1, the rows
+ * of large |lse| recomputed (bwd_row_stats), then its dsink = -sum_i
+ * exp(sink - lse_i) Delta_i, with exp(sink - shift_i) inv_i for
+ * exp(sink - lse_i). */
 static void bwd_rows(const fa_kernel_table *kern, const fa_attn_args *a, const fa_bwd_args *g,
                      int64_t b, const fa_bwd_rows *r, fa_bwd_scratch *w)
 {
@@ -142,7 +143,11 @@ static void bwd_rows(const fa_kernel_table *kern, const fa_attn_args *a, const f
         for (c = 0; c < a->Dv; c++)
             s += (double)dy[c] * (double)y[c];
         r->delta[at] = (float)s;
-        r->shift[at] = g->lse[lrow(a, b, i)];
+        /* lse +inf: an allowed score of +inf, whose row the forward's
+         * softmax makes NaN; shift NaN gives every allowed key of the row
+         * the weight NaN (and the keys not allowed 0, as exp(-inf - shift)
+         * is 0 whatever the shift) */
+        r->shift[at] = g->lse[lrow(a, b, i)] == INFINITY ? NAN : g->lse[lrow(a, b, i)];
         r->inv[at] = 1.0f;
     }
     for (t = 0; t < (a->L + FA_BWD_BQ - 1) / FA_BWD_BQ; t++)

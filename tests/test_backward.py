@@ -382,6 +382,69 @@ def test_nan_on_an_allowed_pair_propagates_only_where_it_is_seen(impl, rng):
 
 
 @pytest.mark.parametrize("impl", IMPLS, ids=IMPL_IDS)
+def test_a_pair_of_weight_zero_adds_nothing(impl, rng):
+    # Key 5 is allowed, but a float mask of -1e4 gives it the weight exp(-1e4)
+    # = 0 in every row. NaN in its value row reaches o (0 * NaN), so Delta,
+    # dq and the other keys' dk, as IEEE says; its own dk and dv stay 0.
+    q, k, v = randn(rng, 4, 4), randn(rng, 6, 4), randn(rng, 6, 3)
+    v[5] = np.nan
+    mask = np.zeros((4, 6), np.float32)
+    mask[:, 5] = -1e4
+    o, lse = impl.scaled_dot_product_attention(q, k, v, mask, return_lse=True)
+    assert np.isnan(o).all()
+    dq, dk, dv = impl.attention_backward(np.ones_like(o), q, k, v, o, lse, mask)
+    assert np.isnan(dq).all() and np.isnan(dk[:5]).all() and np.isfinite(dv[:5]).all()
+    assert np.all(dk[5] == 0) and np.all(dv[5] == 0)
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=IMPL_IDS)
+def test_a_row_with_an_infinite_score_is_nan_on_its_allowed_keys(impl):
+    # Row 0 scores +inf on key 0 (lse +inf; the forward's softmax makes the
+    # row NaN): every key it may see gets NaN gradients. Row 1 scores -inf on
+    # key 0 (weight 0) and sees keys 1 and 2; under causal alignment row 0
+    # (the second-to-last query against 3 keys) may not see key 2.
+    q = np.array([[1.0, 0.0], [-1.0, 0.0]], np.float32)
+    k = np.array([[np.inf, 0.0], [0.0, 1.0], [1.0, 1.0]], np.float32)
+    v = np.arange(6, dtype=np.float32).reshape(3, 2)
+    for kw, seen in (({}, [0, 1, 2]), ({"is_causal": True}, [0, 1])):
+        o, lse = impl.scaled_dot_product_attention(q, k, v, return_lse=True, **kw)
+        assert lse[0] == np.inf and np.isnan(o[0]).all() and np.isfinite(o[1]).all()
+        dq, dk, dv = impl.attention_backward(np.ones_like(o), q, k, v, o, lse, **kw)
+        assert np.isnan(dq[0]).all() and np.isnan(dv[seen]).all(), kw
+        unseen = [j for j in range(3) if j not in seen]
+        assert np.isfinite(dv[unseen]).all() and np.isfinite(dk[unseen]).all(), kw
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=IMPL_IDS)
+def test_values_of_no_columns_give_zero_gradients(impl, rng):
+    # Dv = 0: o has no columns, so the loss cannot depend on q, k or the sinks.
+    q, k, v = randn(rng, 2, 3, 4), randn(rng, 2, 5, 4), np.zeros((2, 5, 0), np.float32)
+    sinks = np.ones(2, np.float32)
+    o, lse = impl.scaled_dot_product_attention(q, k, v, return_lse=True, sinks=sinks)
+    dq, dk, dv, ds = impl.attention_backward(o, q, k, v, o, lse, sinks=sinks)
+    assert dv.shape == v.shape and ds.shape == sinks.shape
+    assert not dq.any() and not dk.any() and not ds.any()
+    cu = np.array([0, 1, 3])
+    o, lse = impl.varlen_attention(q[0, :3, None], k[0, :3, None], v[0, :3, None], cu, cu,
+                                   return_lse=True)
+    grads = impl.varlen_attention_backward(o, q[0, :3, None], k[0, :3, None], v[0, :3, None],
+                                           o, lse, cu, cu)
+    assert grads[2].shape == (3, 1, 0) and not grads[0].any() and not grads[1].any()
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=IMPL_IDS)
+def test_read_only_inputs_are_read_in_place(impl, rng):
+    q, k, v = randn(rng, 2, 8, 4), randn(rng, 2, 8, 4), randn(rng, 2, 8, 4)
+    do, o, lse, clean = forward_and_backward(impl, lambda shape: randn(rng, *shape), q, k, v,
+                                             is_causal=True)
+    for x in (do, q, k, v, o, lse):
+        x.flags.writeable = False
+    frozen = impl.attention_backward(do, q, k, v, o, lse, is_causal=True)
+    for g, c in zip(frozen, clean):
+        np.testing.assert_array_equal(g, c)
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=IMPL_IDS)
 def test_broadcast_arguments_get_summed_gradients(impl, rng):
     # q, k, v, sinks at their own (broadcasting) shapes against the same
     # arrays materialised at the batch shape: the sums over the broadcast axes.

@@ -101,13 +101,17 @@ def attention_backward(do: ArrayLike, q: ArrayLike, k: ArrayLike, v: ArrayLike, 
       rows of each head.
 
     Only the (query, key) pairs of nonzero weight enter a sum: masked keys
-    (and keys outside the causal or window bounds, of another document, of
-    weight 0 after the exponential) contribute nothing, so NaN or infinity
-    in their rows of k or v does not reach the gradients, as the forward
-    never reads them. A row with ``lse = -inf`` (no allowed key and no sink:
-    the forward gave 0) contributes nothing and gets ``dq = 0``. Otherwise
-    the formulas are applied as written, and non-finite values propagate
-    (IEEE).
+    (and keys outside the causal or window bounds, of another document) are
+    never read, so NaN or infinity in their rows of k or v reaches no
+    gradient; an allowed key of weight exactly 0 in a row (its exponential
+    underflowed) adds nothing to that row's sums, though a NaN in its row of
+    v is in the forward's ``o`` and so in that row's ``Delta``. A row with
+    ``lse = -inf`` (no allowed key and no sink: the forward gave 0)
+    contributes nothing and gets ``dq = 0``; a row with ``lse = +inf`` (an
+    allowed score of +inf: the forward gave NaN) has the weight NaN on every
+    key it may see. Otherwise the formulas are applied as written, and
+    non-finite values propagate (IEEE). With ``Dv = 0`` the gradients are
+    zeros.
 
     The gradients are bitwise identical for every thread count: the
     gradients of k and v are summed by work units that each own one tile of

@@ -182,6 +182,10 @@ def run_backward(a: Any, dout: np.ndarray, out: np.ndarray, lse: np.ndarray, dq:
     a.batch (kv item c serves batch items c * group ... c * group + group -
     1); packed inputs: dq, dk, dv, dout, out and lse packed as q, k, v, the
     output and lse of the forward, C-contiguous."""
+    if a.Dv == 0:  # o has no columns: no loss depends on q, k or the sinks (zeros)
+        return
+    if not out.flags.writeable:  # the backward only reads o, through the output's slot
+        out = out.copy()
     where = _LAYOUTS[type(a)](a, out, lse)
     if where is None:
         return

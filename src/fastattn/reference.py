@@ -364,7 +364,6 @@ def _grads(bi):
     # not in a row whose lse is -inf (no key and no sink: it contributes nothing).
     dead = bi.lse == -np.inf
     pairs = (s != -np.inf) & ~dead[..., None]
-    pairs_t = np.swapaxes(pairs, -1, -2)
     q = a.q.astype(np.float64)
     k = _per_query_head(a.k, a)
     assert a.v is not None
@@ -373,15 +372,19 @@ def _grads(bi):
     o = bi.o.astype(np.float64)
     with np.errstate(all="ignore"):  # IEEE arithmetic: NaN in, NaN out
         p = np.where(pairs, w, 0.0)                             # P_ij
+        # Only pairs of nonzero weight enter the sums: one of weight 0 adds
+        # nothing, even where dout . v or dout is not finite.
+        live = pairs & (p != 0.0)
+        live_t = np.swapaxes(live, -1, -2)
         delta = np.sum(do * o, axis=-1)                         # Delta_i = do_i . o_i
-        dv = _allowed_sum(np.swapaxes(p, -1, -2), pairs_t, do)  # dv_j = sum_i P_ij do_i
+        dv = _allowed_sum(np.swapaxes(p, -1, -2), live_t, do)   # dv_j = sum_i P_ij do_i
         dp = do @ np.swapaxes(v, -1, -2)                        # dP_ij = do_i . v_j
-        ds = np.where(pairs, p * (dp - delta[..., None]), 0.0)  # P_ij (dP_ij - Delta_i)
+        ds = np.where(live, p * (dp - delta[..., None]), 0.0)   # P_ij (dP_ij - Delta_i)
         if a.softcap:  # d(c tanh(x / c))/dx = 1 - tanh^2(x / c)
             t = np.tanh(raw / float(a.softcap))
-            ds = np.where(pairs, ds * (1.0 - t * t), 0.0)
-        dq = a.scale * _allowed_sum(ds, pairs, k)               # scale sum_j dS_ij k_j
-        dk = a.scale * _allowed_sum(np.swapaxes(ds, -1, -2), pairs_t, q)  # scale sum_i dS_ij q_i
+            ds = np.where(live, ds * (1.0 - t * t), 0.0)
+        dq = a.scale * _allowed_sum(ds, live, k)                # scale sum_j dS_ij k_j
+        dk = a.scale * _allowed_sum(np.swapaxes(ds, -1, -2), live_t, q)  # scale sum_i dS_ij q_i
         dsinks = None
         if a.sinks is not None:  # dsink = -sum_i exp(sink - lse_i) Delta_i
             sink = a.sinks.astype(np.float64)[..., None]
@@ -478,7 +481,9 @@ def attention_backward(do: ArrayLike, q: ArrayLike, k: ArrayLike, v: ArrayLike, 
     The allowed pairs are those the forward reads: a key outside the causal
     bound or the window, of another segment, False in a bool mask or -inf
     in a float mask enters no sum, so a NaN or inf in that key's row of k
-    or v reaches no gradient of a query that may not see it. A row whose
+    or v reaches no gradient of a query that may not see it. Nor does an
+    allowed pair whose weight ``P_ij`` is exactly 0 (here in float64; the
+    kernels' float32 weights underflow sooner, below about 1e-45). A row whose
     lse is -inf (no allowed key and no sink: its output was 0) contributes
     nothing and gets ``dq = 0``. Otherwise the formulas hold as written:
     non-finite values on allowed pairs propagate by IEEE rules.
