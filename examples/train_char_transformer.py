@@ -119,27 +119,42 @@ ATTENTIONS = {"fastattn": fastattn.torch.scaled_dot_product_attention,
               "torch": F.scaled_dot_product_attention}
 
 
+def _at_least(low):
+    def parse(text):
+        value = int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text}")
+        return value
+    return parse
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description="Train a 2-layer character-level transformer whose attention is "
                     "fastattn.torch.scaled_dot_product_attention (or torch's own SDPA).")
     parser.add_argument("--attention", choices=sorted(ATTENTIONS), default="fastattn",
                         help="the attention function (default: fastattn)")
-    parser.add_argument("--steps", type=int, default=400,
+    parser.add_argument("--steps", type=_at_least(1), default=400,
                         help="training steps (default 400: under a minute on 2 cores)")
-    parser.add_argument("--log-every", type=int, default=25, help="print the loss every N steps")
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--context", type=int, default=128, help="characters per sequence")
-    parser.add_argument("--dim", type=int, default=128, help="model width")
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--log-every", type=_at_least(1), default=25, help="print the loss every N steps")
+    parser.add_argument("--batch-size", type=_at_least(1), default=16)
+    parser.add_argument("--context", type=_at_least(1), default=128, help="characters per sequence")
+    parser.add_argument("--dim", type=_at_least(1), default=128, help="model width")
+    parser.add_argument("--heads", type=_at_least(1), default=4)
+    parser.add_argument("--layers", type=_at_least(1), default=2)
     parser.add_argument("--lr", type=float, default=3e-3, help="AdamW's learning rate")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=None,
+    parser.add_argument("--threads", type=_at_least(1), default=None,
                         help="threads of torch and of fastattn (default: each library's own)")
-    parser.add_argument("--sample", type=int, default=120,
+    parser.add_argument("--sample", type=_at_least(0), default=120,
                         help="characters to generate at the end (0: none)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.dim % args.heads:
+        parser.error(f"--dim ({args.dim}) must be a multiple of --heads ({args.heads})")
+    if args.context > len(TEXT) - 2:  # a sequence and its next character, at 2 starts at least
+        parser.error(f"--context must be at most {len(TEXT) - 2} (the text has {len(TEXT)} "
+                     f"characters)")
+    return args
 
 
 def train(args, log=print):

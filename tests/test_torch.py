@@ -167,6 +167,17 @@ def test_bottom_right_causal_is_window_none_zero():
     allowed = torch.ones(6, 20, dtype=torch.bool).tril(diagonal=20 - 6)
     out = ft.scaled_dot_product_attention(q, k, v, window=(None, 0))
     assert_close(out, F.scaled_dot_product_attention(q, k, v, allowed))
+    # the window's sides as NumPy integers or 0-d integer tensors, as ints
+    for zero in (np.int64(0), torch.tensor(0)):
+        assert torch.equal(ft.scaled_dot_product_attention(q, k, v, window=(None, zero)), out)
+
+
+def test_second_derivatives_are_refused_clearly():
+    q, k, v = tensors([(2, 4, 8)] * 3)
+    out = ft.scaled_dot_product_attention(q, k, v, is_causal=True)
+    (dq,) = torch.autograd.grad(out.square().sum(), q, create_graph=True)
+    with pytest.raises(NotImplementedError, match="second derivatives"):
+        dq.sum().backward()
 
 
 TOP_LEFT = {  # the combinations of is_causal (L != S) with the other options
@@ -355,8 +366,9 @@ def test_refusals():
         ft.scaled_dot_product_attention(q.to("meta"), k, v)
     with pytest.raises(ValueError, match="requires grad"):
         ft.scaled_dot_product_attention(q, k, v, torch.zeros(4, 4, requires_grad=True))
-    with pytest.raises(ValueError, match="window"):
-        ft.scaled_dot_product_attention(q, k, v, window=(-1, 0))
+    for bad in ((-1, 0), (True, 0), (1.0, 0), (np.int64(-2), None), 3):
+        with pytest.raises(ValueError, match="window"):
+            ft.scaled_dot_product_attention(q, k, v, window=bad)
     with pytest.raises(ValueError, match="D=8"):  # fastattn's own checks come through
         ft.scaled_dot_product_attention(q, k[..., :4], v)
 

@@ -148,7 +148,7 @@ def bench(args):
                      D=args.D or 128, threads=args.threads or 2)
         return 0
     if args.backward:
-        if shape_given or args.models or args.case:
+        if shape_given or args.models or args.case or args.reference or args.no_torch:
             print("bench: --backward takes only --threads, --repeat and --no-memory",
                   file=sys.stderr)
             return 2

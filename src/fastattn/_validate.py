@@ -33,9 +33,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 _MASK = ("attn_mask", "fastattn's name is attn_mask, as PyTorch's: a bool mask (True = may "
                       "attend) or a float mask added to the scores")
 _FOREIGN_KEYWORDS = {
-    "dropout_p": (None, "fastattn is for inference and has no dropout: leave dropout_p out "
-                        "(fastattn.flash_attn's functions take dropout_p=0.0, FlashAttention's "
-                        "signature)"),
+    "dropout_p": (None, "fastattn has no dropout: leave dropout_p out (fastattn.torch's "
+                        "scaled_dot_product_attention and fastattn.flash_attn's functions take "
+                        "dropout_p=0.0, the signatures of PyTorch and FlashAttention)"),
     "dim": ("axis", "NumPy's name for it is axis: pass axis="),
     "keepdim": ("keepdims", "NumPy's name for it is keepdims: pass keepdims="),
     "causal": ("is_causal", "fastattn's name is is_causal, as PyTorch's: pass is_causal="),

@@ -6,9 +6,11 @@ the forward runs fastattn's compiled kernels on the tensors' memory, and the
 backward :func:`fastattn.attention_backward`, so that a model trains with it.
 Both are registered with ``torch.library`` as the custom operators
 ``fastattn::sdpa`` (returning the output and its log-sum-exp, in float32)
-and ``fastattn::sdpa_backward``, each with a fake (meta) implementation: they
-work under ``torch.compile`` and ``torch.library.opcheck``, and the
-autograd formula of the first calls the second.
+and ``fastattn::sdpa_backward``, each with a fake (meta) implementation:
+``fastattn::sdpa`` works under ``torch.compile`` and passes
+``torch.library.opcheck``, and its autograd formula calls
+``fastattn::sdpa_backward``, which is not differentiable itself (second
+derivatives raise NotImplementedError).
 
 PyTorch is an optional dependency of fastattn: ``import fastattn`` does not
 import this module, and this module needs ``torch`` (its CPU build suffices,
@@ -16,6 +18,7 @@ import this module, and this module needs ``torch`` (its CPU build suffices,
 """
 import importlib
 import math
+import operator
 from typing import Any, Optional, Tuple
 
 import numpy as np
@@ -170,6 +173,17 @@ def _sdpa_grad(ctx, grad_out, grad_lse):
 _sdpa.register_autograd(_sdpa_grad, setup_context=_setup_context)
 
 
+def _no_second_derivative(ctx, *grads):
+    raise NotImplementedError(
+        "fastattn.torch: second derivatives of attention (a backward through the backward, "
+        "e.g. a gradient penalty or a Hessian-vector product) are not implemented; use "
+        "torch.nn.functional.scaled_dot_product_attention for them")
+
+
+_sdpa_backward.register_autograd(_no_second_derivative,
+                                 setup_context=lambda ctx, inputs, output: None)
+
+
 # ------------------------------------------------------------------ the checks
 
 def _check_cpu(*tensors: Optional[Tensor]) -> None:
@@ -219,12 +233,18 @@ def _window_pair(window: Any) -> Tuple[Optional[int], Optional[int]]:
     except (TypeError, ValueError):
         raise ValueError(f"window must be a pair (left, right) of ints >= 0 or None, got "
                          f"{window!r}") from None
+    sides = []
     for side in (left, right):
-        if side is not None and (isinstance(side, bool) or not isinstance(side, int)
-                                 or side < 0):
-            raise ValueError(f"window must be a pair (left, right) of ints >= 0 or None, got "
-                             f"{window!r}")
-    return left, right
+        if side is not None:
+            try:  # an int, a NumPy integer or a 0-d integer tensor; not a bool
+                side = None if isinstance(side, bool) else operator.index(side)
+            except TypeError:
+                side = None
+            if side is None or side < 0:
+                raise ValueError(f"window must be a pair (left, right) of ints >= 0 or None, "
+                                 f"got {window!r}")
+        sides.append(side)
+    return sides[0], sides[1]
 
 
 def _top_left(L: int, S: int, key: Tensor, value: Tensor, attn_mask: Optional[Tensor],
@@ -344,6 +364,9 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
     Differences from PyTorch's function:
 
     - No dropout (`dropout_p` must be 0).
+    - No second derivatives (a backward of the backward raises
+      NotImplementedError), and no ``torch.func`` transforms of the
+      backward (``torch.func.grad``).
     - `attn_mask` and `is_causal` may be given together (both apply);
       PyTorch refuses the pair.
     - The masks and slopes get no gradient (an error if they require one).
