@@ -18,7 +18,7 @@ Needs PyTorch and transformers >= 5 (``pip install "fastattn[transformers]"``);
 ``import fastattn`` imports neither.
 """
 import weakref
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import torch
 from torch import Tensor
