@@ -38,10 +38,13 @@ numpydoc_show_class_members = False
 numpydoc_xref_param_type = False
 numpydoc_validation_checks = set()
 add_module_names = False
-# fastattn.torch imports PyTorch, which the docs extra leaves out: without it
-# the module's page is built from a stand-in (its examples are skipped below)
+# fastattn.torch imports PyTorch, and fastattn.transformers also transformers,
+# which the docs extra leaves out: without them the modules' pages are built
+# from stand-ins (their examples are skipped below)
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
-autodoc_mock_imports = [] if HAVE_TORCH else ["torch"]
+HAVE_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
+autodoc_mock_imports = (([] if HAVE_TORCH else ["torch"])
+                        + ([] if HAVE_TRANSFORMERS else ["transformers"]))
 
 # -- doctests: the pages' examples and the docstrings' Examples --------------
 doctest_global_setup = """

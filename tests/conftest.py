@@ -302,6 +302,7 @@ INSTALL = dict.fromkeys(["hypothesis", "scipy", "dask", "distributed", "ml_dtype
 # (torch from its CPU index: PyPI's Linux wheel is a CUDA build of several GB)
 INSTALL.update({"torch": "pip install torch --index-url https://download.pytorch.org/whl/cpu",
                 "onnxruntime": 'pip install ".[bench]"', "onnx": 'pip install ".[bench]"',
+                "transformers": 'pip install ".[transformers]"',
                 "jax": "pip install jax", "setuptools": 'pip install "setuptools>=77"'})
 
 # The reasons pytest.importorskip gives, by default and as the tests word them.
