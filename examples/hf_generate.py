@@ -19,6 +19,7 @@ Run it::
 
     python examples/hf_generate.py
     python examples/hf_generate.py --prompt "Once upon a time" --new-tokens 64 --threads 2
+    python examples/hf_generate.py --prompt-tokens 4096 --new-tokens 32   # a long KV cache
 
 The two attentions take the same threads: ``--threads`` sets both PyTorch's
 (``torch.set_num_threads``, the rest of the model) and fastattn's
@@ -73,6 +74,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompt", default="Write a short story about a robot who learns "
                                             "to paint.")
+    parser.add_argument("--prompt-tokens", type=int, default=None,
+                        help="repeat the prompt's text to this many tokens (a long KV cache)")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=3, help="runs of each; the best counts")
@@ -83,6 +86,10 @@ def main(argv=None):
     fastattn.set_num_threads(args.threads)
     tok, model = load(model_path())
     ids = tok(args.prompt, return_tensors="pt")["input_ids"]
+    if args.prompt_tokens is not None:
+        if args.prompt_tokens < 1:
+            parser.error("--prompt-tokens must be at least 1")
+        ids = ids.repeat(1, -(-args.prompt_tokens // ids.shape[1]))[:, :args.prompt_tokens]
     L, new = ids.shape[1], args.new_tokens
 
     print(f"SmolLM2-135M-Instruct (float32), prompt of {L} tokens, {new} new, "

@@ -25,7 +25,10 @@
 #   a few variants: about 50 s a variant, and 40 s to build on a cold start.
 #   `tools/aarch64_check.sh tests` runs the whole suite (about a quarter of
 #   an hour a variant). The tests are copied from this tree and run from a
-#   temporary folder.
+#   temporary folder. The C driver runs every variant; pytest runs every
+#   variant but generic (the portable C that every x86 stage tests too, and
+#   the C driver here), unless FASTATTN_AARCH64_PYTEST names the variants
+#   (e.g. "generic neon").
 # Needs a Debian or Ubuntu host (apt-get, dpkg-deb) with network access.
 # Installs gcc-aarch64-linux-gnu, libc6-dev-arm64-cross and qemu-user with
 # apt-get when they are missing (as root). Cython comes from python3 when it
@@ -372,7 +375,8 @@ class ThisVariantOnly:
 
 sys.exit(pytest.main(sys.argv[1:], plugins=[ThisVariantOnly()]))
 PY
-for variant in $AVAILABLE; do
+PYTEST_VARIANTS=${FASTATTN_AARCH64_PYTEST:-$(echo "$AVAILABLE" | tr ' ' '\n' | { grep -vx generic || true; } | tr '\n' ' ')}
+for variant in $PYTEST_VARIANTS; do
     step "pytest on aarch64, the $variant kernels (FASTATTN_SIMD=$variant): $*"
     start=$SECONDS
     if ! FASTATTN_SIMD=$variant "$SHIM" run_pytest.py -q -p no:cacheprovider "$@"; then
