@@ -316,7 +316,9 @@ static void reference(const acase *c, abuf *b)
     free(ok);
 }
 
-static int run_sdpa(const acase *c, abuf *b, float *out, float *lse, int nthreads)
+/* The forward's arguments of case c over its buffers (out and lse spans
+ * included; the backward reads the same record). */
+static fa_attn_args case_args(const acase *c, const abuf *b)
 {
     const int64_t nkv = c->B / c->G, LS = c->L * c->S;
     fa_attn_args a;
@@ -357,6 +359,12 @@ static int run_sdpa(const acase *c, abuf *b, float *out, float *lse, int nthread
     a.lse_span.hi = c->B * c->L;
     a.slopes_len = b->slopes ? c->B : 0;
     a.sinks_len = b->sinks ? c->B : 0;
+    return a;
+}
+
+static int run_sdpa(const acase *c, abuf *b, float *out, float *lse, int nthreads)
+{
+    const fa_attn_args a = case_args(c, b);
     return fa_sdpa_f32(&a, out, lse, nthreads);
 }
 
@@ -428,14 +436,13 @@ static void reference_backward(const acase *c, const abuf *b, const float *dout,
 static int run_backward(const acase *c, abuf *b, const float *dout, float *gq, float *gk,
                         float *gv, float *gs, int nthreads)
 {
-    const int64_t nkv = c->B / c->G, LS = c->L * c->S;
+    const int64_t nkv = c->B / c->G;
     int64_t *dq_off = alloc((size_t)c->B * sizeof(int64_t));
     int64_t *dkv_off = alloc((size_t)nkv * 2 * sizeof(int64_t));
     fa_attn_args a;
     fa_bwd_args g;
     int64_t it;
     int status;
-    memset(&a, 0, sizeof a);
     memset(&g, 0, sizeof g);
     for (it = 0; it < c->B; it++)
         dq_off[it] = it * c->L * c->D;
@@ -443,40 +450,7 @@ static int run_backward(const acase *c, abuf *b, const float *dout, float *gq, f
         dkv_off[it] = it * c->S * c->D;
         dkv_off[nkv + it] = it * c->S * c->Dv;
     }
-    a.nbatch = c->B;
-    a.L = c->L;
-    a.S = c->S;
-    a.D = c->D;
-    a.Dv = c->Dv;
-    a.q = b->q;
-    a.k = b->k;
-    a.v = b->v;
-    a.k_dtype = a.v_dtype = c->kv_dtype;
-    a.q_off = b->q_off;
-    a.k_off = b->kv_off;
-    a.v_off = b->kv_off + c->B;
-    a.q_rs = c->D;
-    a.k_rs = c->D;
-    a.v_rs = c->Dv;
-    a.mask_kind = b->bmask ? FA_MASK_BOOL : b->fmask ? FA_MASK_FLOAT : FA_MASK_NONE;
-    a.bool_mask = b->bmask;
-    a.float_mask = b->fmask;
-    a.mask_off = a.mask_kind != FA_MASK_NONE ? b->mask_off : NULL;
-    a.mask_sl = c->S;
-    a.mask_ss = 1;
-    a.is_causal = c->is_causal;
-    a.win_left = c->win_left;
-    a.win_right = c->win_right;
-    a.scale = case_scale(c);
-    a.softcap = c->options ? SOFTCAP : 0.0f;
-    a.alibi_slopes = b->slopes;
-    a.sinks = b->sinks;
-    a.q_span.hi = c->B * c->L * c->D;
-    a.k_span.hi = nkv * c->S * c->D;
-    a.v_span.hi = nkv * c->S * c->Dv;
-    a.mask_span.hi = a.mask_kind != FA_MASK_NONE ? c->B * LS : 0;
-    a.slopes_len = b->slopes ? c->B : 0;
-    a.sinks_len = b->sinks ? c->B : 0;
+    a = case_args(c, b);
     g.group = c->G;
     g.dout = dout;
     g.out = b->out;
