@@ -687,7 +687,7 @@ static int plan_build(const fa_attn_args *a, int64_t nprob, int split, int nthre
                       fa_plan *pl, int *nt)
 {
     fa_problem *pr;
-    double work = 0.0, total = 0.0, budget = FA_MAX_PARTIAL;
+    double work = 0.0, reads = 0.0, total = 0.0, budget = FA_MAX_PARTIAL;
     int64_t p, n, m, nunits = 0, nitems = 0, nfold = 0, nslots = 0, cap;
     int nt_max;
     memset(pl, 0, sizeof *pl);
@@ -719,7 +719,10 @@ static int plan_build(const fa_attn_args *a, int64_t nprob, int split, int nthre
         pr[p].vflag_nt = 0;
         for (n = 0; n < pr[p].g.nunits; n++) {
             const fa_unit u = unit_at(q, &pr[p].g, n, -1);
+            int64_t lo, hi;
             pr[p].cost += unit_cost(q, &u);
+            unit_keys(q, &u, &lo, &hi);
+            reads += (double)(u.nh / u.kvh) * (double)(hi - lo) * (double)(q->D + q->Dv);
         }
         nunits += pr[p].g.nunits;
         total += pr[p].cost;
@@ -733,6 +736,7 @@ static int plan_build(const fa_attn_args *a, int64_t nprob, int split, int nthre
     }
     qsort(pr, (size_t)nprob, sizeof *pr, problem_cmp);
     pl->nprob = nprob;
+    work += FA_KEY_READ_WORK * reads;
     *nt = fa_threads_for(nthreads, work, nunits);
     /* the threads there would be if the units were cut small enough */
     nt_max = fa_threads_for(nthreads, work, INT64_MAX / 2);

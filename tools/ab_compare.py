@@ -41,6 +41,13 @@ THREADS = (1, 2)
 LONG_GRID = [(f"long D={D} L={L}{' causal' if c else ''}",
               dict(B=1, H=8, Hkv=8, L=L, S=L, D=D, causal=c))
              for D in (64, 128) for L in (1024, 4096) for c in (False, True)]
+# decoding (one query row a head) without and with grouped heads, cache in and out of L2/L3
+DECODE_GRID = [(f"decode {B}x{H}/{Hkv} S={S} D={D}", dict(B=B, H=H, Hkv=Hkv, L=1, S=S, D=D))
+               for B, H, Hkv, S, D in ((1, 1, 1, 1024, 64), (1, 8, 8, 1500, 64),
+                                       (1, 12, 12, 1024, 64), (1, 9, 9, 600, 64),
+                                       (4, 8, 8, 1500, 64), (1, 8, 8, 1500, 128),
+                                       (1, 9, 3, 4096, 64), (1, 32, 8, 4096, 128),
+                                       (1, 16, 16, 8192, 64))]
 
 
 # ---------------------------------------------------------------------------
@@ -793,6 +800,8 @@ def cmd_speed(args):
         grid += base(op="models")  # the base tree's model grid: both trees time the same cases
     if args.grid in ("long", "all"):
         grid += LONG_GRID
+    if args.grid in ("decode", "all"):
+        grid += DECODE_GRID
     grid = [(name, p) for name, p in grid if not args.cases or name in args.cases]
     print(f"CPU {cpu_name()}; {args.threads} threads; SIMD path {args.simd or 'auto'};"
           f"{' machine counted idle before each call;' if args.idle else ''}"
@@ -839,7 +848,7 @@ def main(argv=None):
         p.add_argument("--base", required=True, help="the baseline tree (e.g. OLD/src)")
         p.add_argument("--new", required=True, help="the tree under test (e.g. NEW/src)")
     bw.add_argument("--simd", nargs="+", help="SIMD paths (default: every path both trees run)")
-    sp.add_argument("--grid", choices=("models", "long", "all"), default="all")
+    sp.add_argument("--grid", choices=("models", "long", "decode", "all"), default="all")
     sp.add_argument("--reps", type=int, default=7, help="alternated rounds a case (default 7)")
     sp.add_argument("--inner", type=int, default=3, help="samples a round, the best kept")
     sp.add_argument("--sample-s", type=float, default=0.02, help="least seconds a sample")

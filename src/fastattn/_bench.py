@@ -306,6 +306,8 @@ MODEL_CASES = (
     ("ViT-L/14", Problem(4, 16, 16, 257, 257, 64)),
     ("Whisper-small encoder", Problem(1, 12, 12, 1500, 1500, 64)),
     ("cross-attention decode", Problem(1, 12, 12, 1, 1500, 64)),
+    ("cross-attn, 8 heads", Problem(1, 8, 8, 1, 1500, 64)),
+    ("MHA decode", Problem(1, 12, 12, 1, 1024, 64)),
     ("small LLM decode", Problem(1, 14, 2, 1, 256, 64)),
     ("small LLM prefill", Problem(1, 14, 2, 1024, 1024, 64, causal=True)),
     ("8B-class decode", Problem(1, 32, 8, 1, 8192, 128)),
