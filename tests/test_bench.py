@@ -8,13 +8,16 @@ it refuses with a usage error (exit status 2) rather than ignoring them or
 failing later; and the timing tools of tools/ that include the kernels'
 sources, which must keep up with them.
 """
+import os
 import subprocess
+import threading
 
 import numpy as np
 import pytest
 
 import fastattn
-from fastattn._bench import MODEL_CASES, Problem, geomean, vs_faster_peer
+from fastattn._bench import (MODEL_CASES, PinnedThreads, Problem, as_bhld, check_peer, geomean,
+                             time_problem, vs_faster_peer)
 
 from conftest import ROOT, ml_dtypes
 
@@ -23,31 +26,87 @@ SMALL = [Problem(2, 4, 4, 5, 9, 8, padding=True), Problem(1, 4, 4, 6, 6, 8, caus
          Problem(1, 2, 2, 1, 40, 8)]
 
 
-def _as_bhld(got, prob):
-    got = np.asarray(got[0] if isinstance(got, list) else got)
-    if got.ndim == 3:  # onnxruntime's (B, L, H * D)
-        got = got.reshape(prob.B, prob.L, prob.H, prob.D).transpose(0, 2, 1, 3)
-    return got
+PEER_MODULES = {"torch": ("torch",), "onnxruntime": ("onnxruntime", "onnx"),
+                "openvino": ("openvino",), "jax": ("jax",)}
 
 
-@pytest.mark.parametrize("impl", ["reference", "torch", "onnxruntime"])
-@pytest.mark.parametrize("prob", SMALL, ids=lambda p: p.label())
+@pytest.mark.parametrize("impl", ["reference", "torch", "onnxruntime", "openvino", "jax"])
+@pytest.mark.parametrize("prob", SMALL + [Problem(2, 4, 4, 6, 9, 8, causal=True, padding=True),
+                                          Problem(2, 6, 3, 3, 9, 8, padding=True)],
+                         ids=lambda p: p.label())
 def test_peers_compute_what_fastattn_computes(impl, prob):
-    if impl == "torch":
-        pytest.importorskip("torch")
-    if impl == "onnxruntime":
-        pytest.importorskip("onnxruntime")
-        pytest.importorskip("onnx")
+    for module in PEER_MODULES.get(impl, ()):
+        pytest.importorskip(module)
     r = prob.runner(impl, 1)
     if r is None:
-        assert impl == "onnxruntime" and prob.gqa is False and prob.causal
+        assert impl in ("torch", "onnxruntime") and prob.causal or prob.gqa and prob.padding
         pytest.skip("not expressible by this peer")
     q, k, v, mask = prob.inputs()
     want = fastattn.scaled_dot_product_attention(q, k, v, mask, is_causal=prob.causal,
                                                  enable_gqa=prob.gqa)
-    got = _as_bhld(r[0](), prob)
+    got = as_bhld(impl, r[0](), prob)
     want = want[:got.shape[0], :got.shape[1]]  # (the reference may run on a slice of the heads)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    if impl != "reference":
+        check_peer(impl, r[0](), want, prob)  # (what the bench checks before timing)
+
+
+def test_a_peer_that_computes_something_else_is_refused():
+    prob = Problem(1, 2, 2, 3, 5, 8, causal=True)
+    q, k, v, _ = prob.inputs()
+    top_left = fastattn.scaled_dot_product_attention(q, k, v, is_causal=True)[:, :, :, :]
+    full = fastattn.scaled_dot_product_attention(q, k, v)
+    with pytest.raises(RuntimeError, match="torch does not compute fastattn's result"):
+        check_peer("torch", full, top_left, prob)
+
+
+def test_the_bench_times_no_peer_that_disagrees_or_fails(monkeypatch, capsys):
+    prob = Problem(1, 2, 2, 3, 5, 8)
+    q, k, v, _ = prob.inputs()
+    real = Problem.runner
+
+    def runner(self, impl, threads, seed=0):
+        if impl == "torch":  # the causal result for a full-attention case
+            return (lambda: fastattn.scaled_dot_product_attention(q, k, v, is_causal=True)), 1.0
+        if impl == "jax":
+            def fails():
+                raise RuntimeError("no kernel for this shape")
+            return fails, 1.0
+        return real(self, impl, threads, seed)
+
+    monkeypatch.setattr(Problem, "runner", runner)
+    times = time_problem(prob, impls=("fastattn", "torch", "jax"), threads=1, repeat=1)
+    assert times["fastattn"] > 0 and times["torch"] is None and times["jax"] is None
+    err = capsys.readouterr().err
+    assert "torch not timed on (1, 2, 3, 5, 8): RuntimeError: torch does not compute" in err
+    assert "jax not timed on (1, 2, 3, 5, 8): RuntimeError: no kernel for this shape" in err
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs a process that may run on 2 cores or more")
+def test_pinned_threads_pin_every_thread_and_give_the_cores_back():
+    before = os.sched_getaffinity(0)
+    started = threading.Event()
+    stop = threading.Event()
+
+    def worker():
+        started.set()
+        stop.wait(10)
+
+    with PinnedThreads(1) as pin:
+        assert pin.pinned
+        t = threading.Thread(target=worker)  # started inside: inherits the one core
+        t.start()
+        started.wait(10)
+        pin.check()
+        assert len(os.sched_getaffinity(t.native_id)) == 1
+        assert len(os.sched_getaffinity(0)) == 1
+    assert os.sched_getaffinity(0) == before
+    assert os.sched_getaffinity(t.native_id) == before  # (restored too)
+    stop.set()
+    t.join()
+    with PinnedThreads(len(before)) as pin:  # no more cores than the process has: no-op
+        assert not pin.pinned
 
 
 def test_reference_slices_big_cases():

@@ -3,7 +3,8 @@ import numpy as np
 
 import fastattn
 from fastattn import reference
-from fastattn._bench import MODEL_CASES, Problem, best_time, fma_peaks
+from fastattn._bench import (MODEL_CASES, PEERS, PinnedThreads, Problem, best_time, check_peer,
+                             fma_peaks)
 
 from .common import IMPLS, random, sdpa_fn, set_threads
 
@@ -150,14 +151,18 @@ class SmallCall:
 class Models:
     """The model grid of ``python -m fastattn bench --models`` (encoders, ViT,
     Whisper, LLM decode and prefill, a tiny call), every implementation on 1
-    and 2 threads; torch and onnxruntime skip when not installed, the reference
-    where it cannot express or hold the case (it runs whole here, not sliced)."""
+    and 2 threads; the peers (torch, onnxruntime, openvino, jax) skip when not
+    installed, the reference where it cannot express or hold the case (it runs
+    whole here, not sliced). Each peer's result is checked against fastattn's
+    in setup; JAX runs with the process's threads pinned to `threads` cores."""
 
-    params = (IMPLS + ["onnxruntime"], [1, 2], [name for name, _ in MODEL_CASES])
+    params = (IMPLS + ["onnxruntime", "openvino", "jax"], [1, 2],
+              [name for name, _ in MODEL_CASES])
     param_names = ["impl", "threads", "case"]
     timeout = 300
 
     def setup(self, impl, threads, case):
+        self.pin = None
         prob = dict(MODEL_CASES)[case]
         if impl == "reference" and prob.B * prob.H * prob.L * prob.S > 2**25:
             raise NotImplementedError("the reference is O(L*S) in memory and time")
@@ -165,9 +170,19 @@ class Models:
         if r is None:
             raise NotImplementedError(f"{impl} is not installed or cannot express {case}")
         self.fn = r[0]
+        if impl == "jax":
+            self.pin = PinnedThreads(threads).__enter__()
+            self.pin.check()
+        if impl in PEERS:
+            q, k, v, mask = prob.inputs()
+            want = fastattn.scaled_dot_product_attention(q, k, v, mask, is_causal=prob.causal,
+                                                         enable_gqa=prob.gqa)
+            check_peer(impl, self.fn(), want, prob)
 
     def teardown(self, *args):
         fastattn.set_num_threads(None)
+        if self.pin is not None:
+            self.pin.__exit__(None, None, None)
 
     def time_model(self, *args):
         self.fn()

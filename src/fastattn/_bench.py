@@ -1,6 +1,7 @@
 """Timing for ``python -m fastattn bench``: one shape of the user's, the grid
 of long-sequence speed targets, or the grid of model shapes (``--models``),
-side by side with the NumPy reference and the peers PyTorch and ONNX Runtime.
+side by side with the NumPy reference and the peers PyTorch, ONNX Runtime,
+OpenVINO and JAX.
 
 Every figure is the best of a few runs in this process; compare the ratios,
 which hold better than the times on a shared machine. The peers are timed when
@@ -8,12 +9,20 @@ installed (both optional): PyTorch's ``scaled_dot_product_attention`` under
 ``torch.no_grad()``, and ONNX Runtime's CPU ``com.microsoft`` contrib ops
 ``MultiHeadAttention`` (same heads for q and kv) and ``GroupQueryAttention``
 (grouped heads, causal with the new rows last) in a one-node graph, inputs in
-their ``(B, L, heads * D)`` layout prepared outside the timed call; every
-implementation gets the same thread count. NumPy's matmul and the float32 FMA
+their ``(B, L, heads * D)`` layout prepared outside the timed call;
+OpenVINO's ``ScaledDotProductAttention`` (opset 13) in a one-node model
+compiled for the CPU with an f32 precision hint, a latency hint and the thread
+count; JAX's ``jax.nn.dot_product_attention`` under ``jax.jit``, inputs in its
+``(B, L, heads, D)`` layout on the device before the timed call. Every
+implementation gets the same thread count, checked before it is timed (JAX,
+whose CPU backend sizes its pool from the machine, runs with every thread of
+the process pinned to that many cores where the machine has more), and each
+peer's result is checked against fastattn's before it is timed. NumPy's matmul and the float32 FMA
 peak (``tools/fma_peak.c``'s loop) are the FLOP-rate yardsticks (unset
 OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE in the command for a fair matmul: they slow
 a current OpenBLAS).
 """
+import contextlib
 import math
 import os
 import subprocess
@@ -99,7 +108,84 @@ def onnxruntime_or_none():
     return onnxruntime
 
 
-IMPLEMENTATIONS = ("fastattn", "reference", "torch", "onnxruntime")
+def openvino_or_none():
+    try:
+        import openvino
+    except ImportError:
+        return None
+    return openvino
+
+
+def jax_or_none():
+    try:
+        import jax
+    except ImportError:
+        return None
+    return jax
+
+
+class PinnedThreads:
+    """Every thread of this process pinned to `threads` of its cores (Linux),
+    as a context: for a peer whose thread pool follows the machine's cores
+    (JAX's CPU backend). A no-op where the process may use no more cores than
+    that, or where affinity cannot be set; `pinned` says which."""
+
+    def __init__(self, threads):
+        self.threads = threads
+        self.saved = {}
+        self.pinned = False
+
+    @staticmethod
+    def _tasks():
+        try:
+            return [int(t) for t in os.listdir("/proc/self/task")]
+        except OSError:
+            return []
+
+    def __enter__(self):
+        if not hasattr(os, "sched_getaffinity"):
+            return self
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) <= self.threads:
+            return self
+        keep = set(cpus[:self.threads])
+        self.full = set(cpus)
+        for tid in self._tasks():
+            try:
+                self.saved[tid] = os.sched_getaffinity(tid)
+                os.sched_setaffinity(tid, keep)
+            except OSError:  # (a thread that ended meanwhile)
+                pass
+        self.pinned = True
+        return self
+
+    def check(self):
+        """Raise unless every thread of the process runs on at most `threads`
+        cores (new threads inherit their creator's cores)."""
+        if not hasattr(os, "sched_getaffinity"):
+            return
+        for tid in self._tasks():
+            try:
+                n = len(os.sched_getaffinity(tid))
+            except OSError:
+                continue
+            if n > self.threads:
+                raise RuntimeError(f"thread {tid} may run on {n} cores, not {self.threads}")
+
+    def __exit__(self, *exc):
+        if not self.pinned:
+            return
+        for tid in self._tasks():  # (threads started meanwhile: the process's cores)
+            try:
+                os.sched_setaffinity(tid, self.saved.get(tid, self.full))
+            except OSError:
+                pass
+        self.saved = {}
+        self.pinned = False
+
+
+IMPLEMENTATIONS = ("fastattn", "reference", "torch", "onnxruntime", "openvino", "jax")
+PEERS = ("torch", "onnxruntime", "openvino", "jax")
 _REFERENCE_MAX_SCORES = 2**24  # the reference's float64 score matrices, at most, per timed call
 
 
@@ -164,6 +250,10 @@ class Problem:
             return self._torch(q, k, v, mask, threads)
         if impl == "onnxruntime":
             return self._onnxruntime(q, k, v, mask, threads)
+        if impl == "openvino":
+            return self._openvino(q, k, v, mask, threads)
+        if impl == "jax":
+            return self._jax(q, k, v, mask, threads)
         raise ValueError(f"unknown implementation {impl!r}; expected one of {IMPLEMENTATIONS}")
 
     def _reference(self, q, k, v, mask, threads):
@@ -188,6 +278,8 @@ class Problem:
         if torch is None or self.window is not None:
             return None
         torch.set_num_threads(threads)
+        if torch.get_num_threads() != threads:
+            raise RuntimeError(f"torch runs {torch.get_num_threads()} threads, not {threads}")
         tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
         kw = {"enable_gqa": self.gqa}
         if mask is not None:
@@ -267,27 +359,136 @@ class Problem:
         opts.inter_op_num_threads = 1
         sess = ort.InferenceSession(model.SerializeToString(), opts,
                                     providers=["CPUExecutionProvider"])
+        got = sess.get_session_options().intra_op_num_threads
+        if got != threads:
+            raise RuntimeError(f"onnxruntime runs {got} threads, not {threads}")
         return (lambda: sess.run(["output"], feed)), 1.0
+
+    def _bottom_right(self):
+        """The causal mask (L, S), bottom-right aligned (True: allowed)."""
+        return np.arange(self.S)[None, :] <= np.arange(self.L)[:, None] + (self.S - self.L)
+
+    def _openvino(self, q, k, v, mask, threads):
+        ov = openvino_or_none()
+        if ov is None or self.window is not None:
+            return None
+        import openvino.opset13 as ops
+
+        B, H, Hkv, L, S, D = self.B, self.H, self.Hkv, self.L, self.S, self.D
+        G = H // Hkv
+        # grouped heads: q as (B, Hkv, G, L, D) against k and v (B, Hkv, 1, S, D),
+        # which broadcast over the group (no copies of k and v)
+        qs, ks = ((B, Hkv, G, L, D), (B, Hkv, 1, S, D)) if self.gqa else ((B, H, L, D),
+                                                                           (B, H, S, D))
+        pq, pk, pv = (ops.parameter(shape, np.float32) for shape in (qs, ks, ks))
+        allowed = None
+        if mask is not None:
+            allowed = mask if not self.causal else mask & self._bottom_right()
+        elif self.causal and L != S:
+            allowed = self._bottom_right()
+        if allowed is not None and self.gqa and allowed.ndim == 4:
+            allowed = allowed[:, :, None]  # (B, 1, 1, S) -> (B, 1, 1, 1, S)
+        args = [pq, pk, pv] + ([ops.constant(np.ascontiguousarray(allowed))] if allowed is not None
+                               else [])
+        node = ops.scaled_dot_product_attention(*args, causal=self.causal and allowed is None)
+        model = ov.Model([node], [pq, pk, pv])
+        compiled = ov.Core().compile_model(model, "CPU", {
+            "INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY",
+            "INFERENCE_NUM_THREADS": threads})
+        got = int(compiled.get_property("INFERENCE_NUM_THREADS"))
+        if got != threads:
+            raise RuntimeError(f"openvino runs {got} threads, not {threads}")
+        request = compiled.create_infer_request()
+        feed = [np.ascontiguousarray(a.reshape(shape)) for a, shape in ((q, qs), (k, ks), (v, ks))]
+        for i, a in enumerate(feed):  # (set once, read in place: an infer() with inputs
+            request.set_input_tensor(i, ov.Tensor(a, shared_memory=True))  # took 0.1 ms more)
+
+        def run(feed=feed):  # (feed: the tensors' memory lives as long as run)
+            request.infer()
+            return request.get_output_tensor(0).data
+        return run, 1.0
+
+    def _jax(self, q, k, v, mask, threads):
+        jax = jax_or_none()
+        if jax is None or self.window is not None:
+            return None
+        allowed = None
+        if mask is not None:
+            allowed = mask if not self.causal else mask & self._bottom_right()
+        elif self.causal and self.L != self.S:  # (is_causal would be top-left)
+            allowed = self._bottom_right()[None, None]
+        is_causal = self.causal and allowed is None
+        blhd = [jax.device_put(np.ascontiguousarray(a.transpose(0, 2, 1, 3))) for a in (q, k, v)]
+        if allowed is not None:
+            blhd.append(jax.device_put(allowed))
+        f = jax.jit(lambda q, k, v, m=None: jax.nn.dot_product_attention(
+            q, k, v, mask=m, is_causal=is_causal))
+        def run():  # (time it inside PinnedThreads(threads): time_problem does)
+            return f(*blhd).block_until_ready()
+        return run, 1.0
+
+
+def as_bhld(impl, result, problem):
+    """A result of `impl` as a NumPy array (B, H, L, D): ONNX Runtime's list
+    of (B, L, H * D), JAX's (B, L, H, D), OpenVINO's (B, Hkv, H / Hkv, L, D)
+    for grouped heads, PyTorch's tensor."""
+    p = problem
+    if impl == "onnxruntime":
+        return np.asarray(result[0]).reshape(p.B, p.L, p.H, p.D).transpose(0, 2, 1, 3)
+    if impl == "jax":
+        return np.asarray(result).transpose(0, 2, 1, 3)
+    got = np.asarray(result)
+    return got.reshape(p.B, p.H, p.L, p.D) if impl == "openvino" else got
+
+
+def check_peer(impl, result, want, problem, rtol=1e-4, atol=1e-4):
+    """Raise unless a result of `impl` (one call) equals fastattn's `want`
+    within float32 rounding (a wrong mask or layout is far beyond it)."""
+    got = as_bhld(impl, result, problem)
+    if not np.allclose(got, want, rtol=rtol, atol=atol):
+        raise RuntimeError(f"{impl} does not compute fastattn's result on {problem.label()} "
+                           f"(max |difference| {np.abs(got - want).max():.3g})")
 
 
 def time_problem(problem, impls=IMPLEMENTATIONS, threads=2, repeat=3):
     """Seconds of each implementation on `problem`: a dict impl -> seconds or
-    None (not installed, or no equivalent). The reference runs once."""
+    None (not installed, or no equivalent). The reference runs once. Each
+    peer's result is checked against fastattn's first (check_peer)."""
     times: Dict[str, Optional[float]] = {}
+    want = None
     for impl in impls:
         r = problem.runner(impl, threads)
         if r is None:
             times[impl] = None
             continue
         fn, factor = r
-        times[impl] = (best_time(fn, 1) if impl == "reference"
-                       else best_time(fn, repeat, min_time=0.05)) * factor
+        if impl in PEERS and want is None:
+            q, k, v, mask = problem.inputs()
+            want = fastattn.scaled_dot_product_attention(
+                q, k, v, mask, is_causal=problem.causal, enable_gqa=problem.gqa,
+                window=problem.window)
+        # (JAX's pool follows the machine's cores: its threads pinned to `threads`)
+        with PinnedThreads(threads) if impl == "jax" else contextlib.nullcontext() as pin:
+            if pin is not None:
+                pin.check()
+            try:
+                if impl in PEERS:
+                    check_peer(impl, fn(), want, problem)
+                times[impl] = (best_time(fn, 1) if impl == "reference"
+                               else best_time(fn, repeat, min_time=0.05)) * factor
+            except Exception as exc:  # a peer that fails or disagrees is not timed
+                if impl not in PEERS:
+                    raise
+                first = str(exc).strip().splitlines()
+                print(f"  {impl} not timed on {problem.label()}: {type(exc).__name__}: "
+                      f"{first[-1] if first else ''}", file=sys.stderr, flush=True)
+                times[impl] = None
     return times
 
 
 def vs_faster_peer(times):
     """(ratio, peer): the faster peer's time over fastattn's, or (None, None)."""
-    peers = [(times[p], p) for p in ("torch", "onnxruntime") if times.get(p)]
+    peers = [(times[p], p) for p in PEERS if times.get(p)]
     if not peers:
         return None, None
     t, p = min(peers)
@@ -344,11 +545,13 @@ def fma_peaks(threads, iters=20_000_000):
 
 
 def environment_line(threads):
-    torch, ort = torch_or_none(), onnxruntime_or_none()
+    peers = (("torch", torch_or_none()), ("onnxruntime", onnxruntime_or_none()),
+             ("openvino", openvino_or_none()), ("jax", jax_or_none()))
+    versions = ", ".join(f"{name} {str(getattr(m, '__version__', 'absent')).split('-')[0]}"
+                         for name, m in peers)  # (openvino's: "2025.3.0-19807-<hash>-...")
     return (f"{cpu_name()}; fastattn {fastattn.__version__} "
-            f"({fastattn.show_config(mode='dicts')['simd']} kernels), torch "
-            f"{getattr(torch, '__version__', 'absent')}, onnxruntime "
-            f"{getattr(ort, '__version__', 'absent')}; {threads} threads for each")
+            f"({fastattn.show_config(mode='dicts')['simd']} kernels), {versions}; "
+            f"{threads} threads for each")
 
 
 _FIRST_CALL_SCRIPT = """
@@ -373,7 +576,7 @@ def first_call_extra(runs=3):
     return best
 
 
-_SHORT = {"torch": "torch", "onnxruntime": "onnxrt"}
+_SHORT = {"torch": "torch", "onnxruntime": "onnxrt", "openvino": "openvino", "jax": "jax"}
 
 
 def models(repeat=3, threads=2, cases=None, out=None):
@@ -397,14 +600,16 @@ def models(repeat=3, threads=2, cases=None, out=None):
                                             f"{t * 1e3:>9.2f}ms")
 
     print(f"{'case':<23}{'(B, heads, L, S, D)':<31}{'fastattn':>11}{'reference':>11}"
-          f"{'torch':>11}{'onnxrt':>11}  {'vs faster peer':<17}{'vs ref':>7}", file=out)
+          f"{'torch':>11}{'onnxrt':>11}{'openvino':>11}{'jax':>11}  {'vs faster peer':<17}"
+          f"{'vs ref':>7}", file=out)
     ratios = []
     for name, prob, t in rows:
         r, peer = vs_faster_peer(t)
         ratios.append(r)
         ref = t["reference"] / t["fastattn"] if t.get("reference") else None
         print(f"{name:<23}{prob.label():<31}{cell(t['fastattn'])}{cell(t['reference'])}"
-              f"{cell(t['torch'])}{cell(t['onnxruntime'])}"
+              f"{cell(t['torch'])}{cell(t['onnxruntime'])}{cell(t.get('openvino'))}"
+              f"{cell(t.get('jax'))}"
               f"  {(f'{r:.2f}x ' + _SHORT[peer]) if r else '-':<17}"
               f"{(f'{ref:.1f}x' if ref else '-'):>7}",
               file=out)
@@ -689,7 +894,7 @@ def grid(repeat=3, memory=True, out=None):
         for L in (1024, 4096):
             for causal in (False, True):
                 t = time_problem(Problem(1, 8, 8, L, L, D, causal=causal),
-                                 impls=("fastattn", "torch", "onnxruntime"), threads=threads,
+                                 impls=("fastattn",) + PEERS, threads=threads,
                                  repeat=repeat)
                 sdpa[D, L, causal] = t["fastattn"]
                 label = f"SDPA H=8 D={D} L=S={L}{' causal' if causal else ''}"
