@@ -266,7 +266,7 @@ static FA_TARGET int FA_NAME(qt_exp)(float *pt, int64_t ldp, int64_t nrt, const 
  * and step of d, d ascending from 0, as the micro-kernel does. nr and dt are
  * constants in each inlined copy, so the accumulators live in registers.
  */
-static FA_ALWAYS_INLINE FA_TARGET void few_scores_n_avx2(const float *q, const int nr,
+static FA_ALWAYS_INLINE FA_TARGET void few_scores_tail_avx2(const float *q, const int nr,
                                                          const void *k, const int dt, int64_t rs,
                                                          int64_t D, int64_t nk, int64_t ahead,
                                                          float *s)
@@ -305,6 +305,75 @@ static FA_ALWAYS_INLINE FA_TARGET void few_scores_n_avx2(const float *q, const i
     }
 }
 
+/* The float32 scores of nb whole blocks of eight keys (nb 8 rows of Dc
+ * elements each from kb, one after another: a contiguous k, Dc a constant,
+ * so that every row's address is kb plus a constant) through d together: the
+ * operations on each key are few_scores_tail_avx2's, and each block's chain
+ * of Dc multiply-adds is independent of the others' (with one row, a single
+ * chain of 4-cycle multiply-adds a block held the whole kernel). */
+static FA_ALWAYS_INLINE FA_TARGET void few_scores_f32c_avx2(const float *q, const int nr,
+                                                            const int nb, const float *kb,
+                                                            const int64_t Dc, int64_t ahead,
+                                                            float *s)
+{
+    __m256 acc[4][FA_FEW_ROWS];
+    int64_t d;
+    int r, i, b, h, l;
+    for (b = 0; b < nb; b++)
+        for (r = 0; r < nr; r++)
+            acc[b][r] = _mm256_setzero_ps();
+    for (d = 0; d < Dc; d += 8) {
+        if (ahead && (d & 15) == 0)
+            for (i = 0; i < 8 * nb; i++)
+                fa_prefetch_rows(kb + i * Dc, ahead + d * (int64_t)sizeof(float), 1);
+        for (h = 0; h < 8; h += 4) /* elements d + h .. d + h + 3 of each block */
+            for (b = 0; b < nb; b++) {
+                const float *kr = kb + (8 * b) * Dc + d + h;
+                __m256 x[4], t0, t1, t2, t3, c[4];
+                for (l = 0; l < 4; l++) /* (two loads and a blend: no shuffle) */
+                    x[l] = _mm256_blend_ps(_mm256_broadcast_ps((const __m128 *)(kr + l * Dc)),
+                                           _mm256_broadcast_ps((const __m128 *)(kr + (l + 4) * Dc)),
+                                           0xF0);
+                t0 = _mm256_unpacklo_ps(x[0], x[1]);
+                t1 = _mm256_unpackhi_ps(x[0], x[1]);
+                t2 = _mm256_unpacklo_ps(x[2], x[3]);
+                t3 = _mm256_unpackhi_ps(x[2], x[3]);
+                c[0] = _mm256_shuffle_ps(t0, t2, 0x44);
+                c[1] = _mm256_shuffle_ps(t0, t2, 0xEE);
+                c[2] = _mm256_shuffle_ps(t1, t3, 0x44);
+                c[3] = _mm256_shuffle_ps(t1, t3, 0xEE);
+                for (i = 0; i < 4; i++)
+                    for (r = 0; r < nr; r++)
+                        acc[b][r] = _mm256_fmadd_ps(_mm256_broadcast_ss(q + r * Dc + d + h + i),
+                                                    c[i], acc[b][r]);
+            }
+    }
+    for (b = 0; b < nb; b++)
+        for (r = 0; r < nr; r++)
+            _mm256_storeu_ps(s + r * FA_BK + 8 * b, acc[b][r]);
+}
+
+static FA_ALWAYS_INLINE FA_TARGET void few_scores_n_avx2(const float *q, const int nr,
+                                                         const void *k, const int dt, int64_t rs,
+                                                         int64_t D, int64_t nk, int64_t ahead,
+                                                         float *s)
+{
+    int64_t jb = 0;
+    /* contiguous float32 rows of the common head sizes: blocks interleaved
+     * for four chains at least */
+    const int nb = nr <= 3 ? 2 : 1;
+    if (dt == FA_DTYPE_F32 && rs == D && nb > 1 && (D == 64 || D == 128)) {
+        for (; jb + 8 * nb <= nk; jb += 8 * nb)
+            if (D == 64)
+                few_scores_f32c_avx2(q, nr, nb, (const float *)k + jb * D, 64, ahead, s + jb);
+            else
+                few_scores_f32c_avx2(q, nr, nb, (const float *)k + jb * D, 128, ahead, s + jb);
+    }
+    if (jb < nk)
+        few_scores_tail_avx2(q, nr, (const char *)k + jb * rs * (int64_t)fa_dtype_size(dt), dt,
+                             rs, D, nk - jb, ahead, s + jb);
+}
+
 static FA_ALWAYS_INLINE FA_TARGET void few_scores_dt_avx2(const float *q, int64_t nr,
                                                           const void *k, const int dt, int64_t rs,
                                                           int64_t D, int64_t nk, int64_t room,
@@ -329,42 +398,60 @@ static FA_TARGET void FA_NAME(few_scores)(const float *q, int64_t nr, const void
  * the nr rows, the value rows read in place (ld elements of dtype dt apart,
  * Dvp of them a row, converted by load8_avx2): gemm_block_avx2's sum, one
  * fused multiply-add per key, jj ascending from 0 (from: going on from the
- * tile's value, as microkernels.h's few_pv), 16 columns at a time. nr
- * and dt are constants in each inlined copy. The value rows of the tile that
- * follows, where they do (ahead: fa_ahead's distance), are fetched ahead, a
- * line at a time as these are read. */
+ * tile's value, as microkernels.h's few_pv). Each accumulator is one chain
+ * of nk dependent multiply-adds, so a pass takes nv registers (8 nv columns)
+ * of each row, enough chains for the multiply-add pipes with few rows (one
+ * row, 16 columns a pass: 2 chains, half the rate of 8); the same operations
+ * on each element whatever nv. nr, nv and dt are constants in each inlined
+ * copy. The value rows of the tile that follows, where they do (ahead:
+ * fa_ahead's distance), are fetched ahead, a line at a time as these are
+ * read. */
+static FA_ALWAYS_INLINE FA_TARGET void few_pv_cols_avx2(const float *p, const int nr, const int nv,
+                                                        const void *v, const int dt, int64_t ld,
+                                                        int64_t Dvp, int64_t c, int64_t nk,
+                                                        int64_t ahead, int from, float *tile)
+{
+    const int64_t esz = (int64_t)fa_dtype_size(dt);
+    const int contig = ld == Dvp;
+    __m256 acc[FA_FEW_ROWS * 8];
+    int64_t jj;
+    int r, i;
+    for (r = 0; r < nr; r++)
+        for (i = 0; i < nv; i++)
+            acc[r * nv + i] = from ? _mm256_loadu_ps(tile + r * Dvp + c + 8 * i)
+                                   : _mm256_setzero_ps();
+    for (jj = 0; jj < nk; jj++) {
+        const char *vr = (const char *)v + (jj * ld + c) * esz;
+        __m256 pr[FA_FEW_ROWS];
+        for (i = 0; i < nv; i += 2)
+            if (ahead && ((c + 8 * i) * esz & 63) == 0)
+                fa_prefetch_rows(vr + 8 * i * esz, ahead, contig);
+        for (r = 0; r < nr; r++)
+            pr[r] = _mm256_broadcast_ss(p + r * FA_BK + jj);
+        for (i = 0; i < nv; i++) { /* (one value register live at a time) */
+            const __m256 x = load8_avx2(vr + 8 * i * esz, dt);
+            for (r = 0; r < nr; r++)
+                acc[r * nv + i] = _mm256_fmadd_ps(pr[r], x, acc[r * nv + i]);
+        }
+    }
+    for (r = 0; r < nr; r++)
+        for (i = 0; i < nv; i++)
+            _mm256_storeu_ps(tile + r * Dvp + c + 8 * i, acc[r * nv + i]);
+}
+
 static FA_ALWAYS_INLINE FA_TARGET void few_pv_n_avx2(const float *p, const int nr, const void *v,
                                                      const int dt, int64_t ld, int64_t Dvp,
                                                      int64_t nk, int64_t ahead, int from,
                                                      float *tile)
 {
-    const int64_t esz = (int64_t)fa_dtype_size(dt);
-    const int contig = ld == Dvp;
-    int64_t c, jj;
-    int r;
-    for (c = 0; c < Dvp; c += 16) {
-        __m256 a0[FA_FEW_ROWS], a1[FA_FEW_ROWS];
-        const int fetch = ahead && ((c * esz) & 63) == 0;
-        for (r = 0; r < nr; r++) {
-            a0[r] = from ? _mm256_loadu_ps(tile + r * Dvp + c) : _mm256_setzero_ps();
-            a1[r] = from ? _mm256_loadu_ps(tile + r * Dvp + c + 8) : _mm256_setzero_ps();
-        }
-        for (jj = 0; jj < nk; jj++) {
-            const char *vr = (const char *)v + (jj * ld + c) * esz;
-            const __m256 v0 = load8_avx2(vr, dt), v1 = load8_avx2(vr + 8 * esz, dt);
-            if (fetch)
-                fa_prefetch_rows(vr, ahead, contig);
-            for (r = 0; r < nr; r++) {
-                const __m256 pr = _mm256_broadcast_ss(p + r * FA_BK + jj);
-                a0[r] = _mm256_fmadd_ps(pr, v0, a0[r]);
-                a1[r] = _mm256_fmadd_ps(pr, v1, a1[r]);
-            }
-        }
-        for (r = 0; r < nr; r++) {
-            _mm256_storeu_ps(tile + r * Dvp + c, a0[r]);
-            _mm256_storeu_ps(tile + r * Dvp + c + 8, a1[r]);
-        }
-    }
+    /* registers a row in a pass: one row, 8 chains (64 columns); more rows,
+     * 2 a row (more were no faster at 2 or 3 rows; Dvp is a multiple of 16) */
+    const int nv = nr == 1 ? 8 : 2;
+    int64_t c = 0;
+    for (; c + 8 * nv <= Dvp; c += 8 * nv)
+        few_pv_cols_avx2(p, nr, nv, v, dt, ld, Dvp, c, nk, ahead, from, tile);
+    for (; c < Dvp; c += 16)
+        few_pv_cols_avx2(p, nr, 2, v, dt, ld, Dvp, c, nk, ahead, from, tile);
 }
 
 static FA_ALWAYS_INLINE FA_TARGET void few_pv_dt_avx2(const float *p, int64_t nr, const void *v,

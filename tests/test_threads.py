@@ -194,6 +194,23 @@ def test_query_row_alone_equals_row_in_larger_call(rng, threads, mask_kind):
         assert_same_bits(lse, full_lse[..., i:i + 1])
 
 
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("group", [1, 2, 3, 4])
+def test_decoding_rows_keep_the_bits_of_prefill_rows(rng, simd, D, group):
+    # one query row a kv head (and 2-4 of a GQA group) takes the few-rows
+    # kernels, whose float32 scores at D = 64 and 128 run several key blocks
+    # at once; each row must keep the bits it has among 64 rows (the tiled
+    # kernels), at every length of the last tile and chunk
+    H = 2 * group
+    for S in (40, 100, 1100):
+        q, k, v = qkv(rng, (1, H, 64, D), (1, 2, S, D), (1, 2, S, D))
+        full, full_lse = sdpa(q, k, v, enable_gqa=group > 1, return_lse=True)
+        for i in (0, 63):
+            o, lse = sdpa(q[..., i:i + 1, :], k, v, enable_gqa=group > 1, return_lse=True)
+            assert_same_bits(o, full[..., i:i + 1, :])
+            assert_same_bits(lse, full_lse[..., i:i + 1])
+
+
 @pytest.mark.parametrize("padding", [False, True], ids=["no-mask", "key-padding"])
 def test_rows_of_long_full_attention_keep_their_bits_in_wider_units(rng, threads, padding):
     # Full attention whose k and v rows (S (D + Dv) floats a head) take more
