@@ -193,15 +193,17 @@ def test_loop_ceiling_tool_builds_and_runs(tmp_path, variant):
     assert bad.returncode == 2 and "multiple of 16" in bad.stderr
 
 
-def test_decode_ceiling_tool_builds_and_runs(tmp_path):
-    # tools/decode_ceiling.c includes the AVX-512 kernels' sources: it must
-    # keep up with the few-rows kernels' signatures.
-    exe = _build_tool(tmp_path, "decode_ceiling")
-    out = subprocess.run([str(exe), "40", "3", "128", "2"], check=True, capture_output=True,
-                         text=True).stdout
-    assert "lacks" in out or ("3 query rows, 128 keys" in out and "D = 40" in out
-                              and all(f"{dt} " in out for dt in ("float32", "float16",
-                                                                 "bfloat16"))), out
+@pytest.mark.parametrize("variant", ["avx512", "avx2"])
+def test_decode_ceiling_tool_builds_and_runs(tmp_path, variant):
+    # tools/decode_ceiling.c includes the AVX-512 (or AVX2) kernels' sources:
+    # it must keep up with the few-rows kernels' signatures.
+    exe = _build_tool(tmp_path, "decode_ceiling", ["-DCEILING_AVX2"] if variant == "avx2" else [])
+    for D, rows in (("40", "3"), ("64", "1")):  # (64: contiguous rows of a constant length)
+        out = subprocess.run([str(exe), D, rows, "128", "2"], check=True, capture_output=True,
+                             text=True).stdout
+        assert "lacks" in out or (f"{rows} query rows, 128 keys" in out and f"D = {D}" in out
+                                  and all(f"{dt} " in out for dt in ("float32", "float16",
+                                                                     "bfloat16"))), out
     bad = subprocess.run([str(exe), "128", "9"], capture_output=True, text=True)
     assert bad.returncode == 2 and "ROWS: 1 to 8" in bad.stderr
 

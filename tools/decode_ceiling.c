@@ -13,11 +13,25 @@
  *       -o /tmp/decode_ceiling -lm
  *   /tmp/decode_ceiling [D [ROWS [KEYS [REPS]]]]   (AVX-512 kernels; defaults 128 4 1024 200)
  *
+ * With -DCEILING_AVX2 it times the AVX2 kernels instead.
+ *
  * ROWS is the query rows that share a kv head (the GQA group: 4 for 32/8
  * heads). A measuring tool only: not part of the package build.
  */
 #include "../csrc/peak.c"
+#ifdef CEILING_AVX2 /* the AVX2 kernels instead (-DCEILING_AVX2) */
+#include "../csrc/kernels_avx2.c"
+#define CEIL_SCORES few_scores_avx2
+#define CEIL_PV few_pv_avx2
+#define CEIL_LANES 8
+#define CEIL_CPU_HAS() (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+#else
 #include "../csrc/kernels_avx512.c"
+#define CEIL_SCORES few_scores_avx512
+#define CEIL_PV few_pv_avx512
+#define CEIL_LANES 16
+#define CEIL_CPU_HAS() (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw"))
+#endif
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -79,9 +93,9 @@ static FA_TARGET void time_dtype(int dt, int64_t D, int nr, int64_t keys, long r
                 const unsigned char *kt = kv + j * D * esz;
                 const int64_t room = keys - j - FA_BK; /* the rows after this tile */
                 if (which == 0)
-                    few_scores_avx512(q, nr, kt, dt, D, D, FA_BK, room, s);
+                    CEIL_SCORES(q, nr, kt, dt, D, D, FA_BK, room, s);
                 else
-                    few_pv_avx512(p, nr, kt, dt, D, D, FA_BK, room, j > 0, tile);
+                    CEIL_PV(p, nr, kt, dt, D, D, FA_BK, room, j > 0, tile);
             }
             dt_s = (fa_now() - t0) / (double)keys;
             t[which] = dt_s < t[which] ? dt_s : t[which];
@@ -112,17 +126,18 @@ int main(int argc, char **argv)
                         "REPS: at least 1\n", FA_FEW_ROWS, FA_BK);
         return 2;
     }
-    if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
+    if (!(CEIL_CPU_HAS()
           && __builtin_cpu_supports("f16c"))) {
         printf("this CPU lacks the kernels' instructions\n");
         return 0;
     }
     for (rep = 0; rep < 3; rep++) {
-        const double g = fa_fma_peak_gflops(16, 1, peak_iters);
+        const double g = fa_fma_peak_gflops(CEIL_LANES, 1, peak_iters);
         peak = g > peak ? g : peak;
     }
-    printf("16-lane decoding kernels, one thread, %d query rows, %ld keys (k: %.2f MiB "
-           "float32), D = %d, the same rows each walk; FMA peak %.1f GFLOP/s\n", nr, (long)keys,
+    printf("%d-lane decoding kernels, one thread, %d query rows, %ld keys (k: %.2f MiB "
+           "float32), D = %d, the same rows each walk; FMA peak %.1f GFLOP/s\n", CEIL_LANES, nr,
+           (long)keys,
            keys * D * 4 / 1048576.0, (int)D, peak);
     for (dt = 0; dt < 3; dt++) {
         double t[2];
