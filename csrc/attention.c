@@ -722,7 +722,8 @@ static int plan_build(const fa_attn_args *a, int64_t nprob, int split, int nthre
             int64_t lo, hi;
             pr[p].cost += unit_cost(q, &u);
             unit_keys(q, &u, &lo, &hi);
-            reads += (double)(u.nh / u.kvh) * (double)(hi - lo) * (double)(q->D + q->Dv);
+            reads += (double)((u.nh + u.kvh - 1) / u.kvh) * (double)(hi - lo)
+                     * (double)(q->D + q->Dv); /* (its kv heads: at least one) */
         }
         nunits += pr[p].g.nunits;
         total += pr[p].cost;
