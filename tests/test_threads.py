@@ -198,11 +198,12 @@ def test_query_row_alone_equals_row_in_larger_call(rng, threads, mask_kind):
 @pytest.mark.parametrize("group", [1, 2, 3, 4])
 def test_decoding_rows_keep_the_bits_of_prefill_rows(rng, simd, D, group):
     # one query row a kv head (and 2-4 of a GQA group) takes the few-rows
-    # kernels, whose float32 scores at D = 64 and 128 run several key blocks
-    # at once; each row must keep the bits it has among 64 rows (the tiled
-    # kernels), at every length of the last tile and chunk
+    # kernels, whose float32 scores at D = 64 and 128 run two key blocks at
+    # once for 1-3 rows (4: one block, for contrast); each row must keep the
+    # bits it has among 64 rows (the tiled kernels), for every length of the
+    # last tile (S = 1 .. 79) and a second key chunk (1100)
     H = 2 * group
-    for S in (40, 100, 1100):
+    for S in list(range(1, 80)) + [1100]:
         q, k, v = qkv(rng, (1, H, 64, D), (1, 2, S, D), (1, 2, S, D))
         full, full_lse = sdpa(q, k, v, enable_gqa=group > 1, return_lse=True)
         for i in (0, 63):

@@ -177,7 +177,11 @@ class Models:
             q, k, v, mask = prob.inputs()
             want = fastattn.scaled_dot_product_attention(q, k, v, mask, is_causal=prob.causal,
                                                          enable_gqa=prob.gqa)
-            check_peer(impl, self.fn(), want, prob)
+            try:  # (two calls: OpenVINO 2025.3 fails the tiny call's second on 2 threads)
+                check_peer(impl, self.fn(), want, prob)
+                check_peer(impl, self.fn(), want, prob)
+            except Exception as exc:
+                raise NotImplementedError(f"{impl} fails or disagrees on {case}: {exc}") from exc
 
     def teardown(self, *args):
         fastattn.set_num_threads(None)

@@ -5,7 +5,7 @@ OpenVINO and JAX.
 
 Every figure is the best of a few runs in this process; compare the ratios,
 which hold better than the times on a shared machine. The peers are timed when
-installed (both optional): PyTorch's ``scaled_dot_product_attention`` under
+installed (all optional): PyTorch's ``scaled_dot_product_attention`` under
 ``torch.no_grad()``, and ONNX Runtime's CPU ``com.microsoft`` contrib ops
 ``MultiHeadAttention`` (same heads for q and kv) and ``GroupQueryAttention``
 (grouped heads, causal with the new rows last) in a one-node graph, inputs in
@@ -111,7 +111,7 @@ def onnxruntime_or_none():
 def openvino_or_none():
     try:
         import openvino
-    except ImportError:
+    except Exception:  # (not installed, or an install that fails to import)
         return None
     return openvino
 
@@ -119,7 +119,7 @@ def openvino_or_none():
 def jax_or_none():
     try:
         import jax
-    except ImportError:
+    except Exception:  # (not installed, or jax and jaxlib that do not match)
         return None
     return jax
 
@@ -418,9 +418,11 @@ class Problem:
         elif self.causal and self.L != self.S:  # (is_causal would be top-left)
             allowed = self._bottom_right()[None, None]
         is_causal = self.causal and allowed is None
-        blhd = [jax.device_put(np.ascontiguousarray(a.transpose(0, 2, 1, 3))) for a in (q, k, v)]
+        cpu = jax.devices("cpu")[0]  # (the CPU even where a GPU build of jaxlib is installed)
+        blhd = [jax.device_put(np.ascontiguousarray(a.transpose(0, 2, 1, 3)), cpu)
+                for a in (q, k, v)]
         if allowed is not None:
-            blhd.append(jax.device_put(allowed))
+            blhd.append(jax.device_put(allowed, cpu))
         f = jax.jit(lambda q, k, v, m=None: jax.nn.dot_product_attention(
             q, k, v, mask=m, is_causal=is_causal))
         def run():  # (time it inside PinnedThreads(threads): time_problem does)
@@ -457,11 +459,6 @@ def time_problem(problem, impls=IMPLEMENTATIONS, threads=2, repeat=3):
     times: Dict[str, Optional[float]] = {}
     want = None
     for impl in impls:
-        r = problem.runner(impl, threads)
-        if r is None:
-            times[impl] = None
-            continue
-        fn, factor = r
         if impl == "fastattn":
             # The peers' worker threads spin for a while after their calls
             # (ONNX Runtime's and JAX's, some milliseconds): a fastattn
@@ -475,22 +472,27 @@ def time_problem(problem, impls=IMPLEMENTATIONS, threads=2, repeat=3):
             want = fastattn.scaled_dot_product_attention(
                 q, k, v, mask, is_causal=problem.causal, enable_gqa=problem.gqa,
                 window=problem.window)
-        # (JAX's pool follows the machine's cores: its threads pinned to `threads`)
-        with PinnedThreads(threads) if impl == "jax" else contextlib.nullcontext() as pin:
-            if pin is not None:
-                pin.check()
-            try:
+        try:
+            r = problem.runner(impl, threads)
+            if r is None:
+                times[impl] = None
+                continue
+            fn, factor = r
+            # (JAX's pool follows the machine's cores: its threads pinned to `threads`)
+            with PinnedThreads(threads) if impl == "jax" else contextlib.nullcontext() as pin:
+                if pin is not None:
+                    pin.check()
                 if impl in PEERS:
                     check_peer(impl, fn(), want, problem)
                 times[impl] = (best_time(fn, 1) if impl == "reference"
                                else best_time(fn, repeat, min_time=0.05)) * factor
-            except Exception as exc:  # a peer that fails or disagrees is not timed
-                if impl not in PEERS:
-                    raise
-                first = str(exc).strip().splitlines()
-                print(f"  {impl} not timed on {problem.label()}: {type(exc).__name__}: "
-                      f"{first[-1] if first else ''}", file=sys.stderr, flush=True)
-                times[impl] = None
+        except Exception as exc:  # a peer that fails, disagrees or cannot set its threads
+            if impl not in PEERS:
+                raise
+            first = str(exc).strip().splitlines()
+            print(f"  {impl} not timed on {problem.label()}: {type(exc).__name__}: "
+                  f"{first[-1] if first else ''}", file=sys.stderr, flush=True)
+            times[impl] = None
     return times
 
 
@@ -590,7 +592,7 @@ _SHORT = {"torch": "torch", "onnxruntime": "onnxrt", "openvino": "openvino", "ja
 def models(repeat=3, threads=2, cases=None, out=None):
     """Time the model grid (MODEL_CASES, or those named in `cases`) with every
     implementation on `threads` threads and print one row per case: times,
-    fastattn's speed-up over the faster peer (PyTorch or ONNX Runtime) and
+    fastattn's speed-up over the fastest peer (PyTorch, ONNX Runtime, OpenVINO, JAX) and
     over the reference; then the geometric mean and the per-call targets.
     Returns the rows (case, problem, times)."""
     out = sys.stdout if out is None else out
