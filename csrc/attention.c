@@ -75,7 +75,7 @@ static void scratch_free(fa_scratch *w)
     w->arena = NULL;
 }
 
-#define FA_SCRATCH_BUFFERS 21 /* the buffers of fa_scratch */
+#define FA_SCRATCH_BUFFERS 22 /* the buffers of fa_scratch */
 
 /* Scratch for units of at most bq rows (FA_BQ_IN_PLACE or FA_BQ). */
 static int scratch_alloc(fa_scratch *w, int64_t D, int64_t Dv, int64_t bq)
@@ -104,6 +104,7 @@ static int scratch_alloc(fa_scratch *w, int64_t D, int64_t Dv, int64_t bq)
         B * sizeof(float),                     /* tmax */
         FA_MAX_MR * FA_NR * sizeof(float),     /* pvo */
         B * Dp * sizeof(float),                /* qt */
+        FA_BK * Dp * sizeof(float),            /* kq */
     };
     void **slots[FA_SCRATCH_BUFFERS];
     memset(w, 0, sizeof *w);
@@ -130,6 +131,7 @@ static int scratch_alloc(fa_scratch *w, int64_t D, int64_t Dv, int64_t bq)
     slots[18] = (void **)&w->tmax;
     slots[19] = (void **)&w->pvo;
     slots[20] = (void **)&w->qt;
+    slots[21] = (void **)&w->kq;
     w->arena = fa_arena(sizes, FA_SCRATCH_BUFFERS, slots);
     if (!w->arena)
         return FA_ERR_NOMEM;
@@ -160,10 +162,17 @@ static int64_t kv_group(const fa_attn_args *a)
     return g;
 }
 
-/* A code of dtypes.h whose elements the kernels read one at a time. */
-static int valid_dtype(int dt)
+/* A code of dtypes.h, for rows of n elements: a block format's rows are
+ * whole blocks. */
+static int valid_dtype(int dt, int64_t n)
 {
-    return fa_dtype_size(dt) != 0;
+    return fa_dtype_unit(dt) != 0 && n % fa_dtype_block(dt) == 0;
+}
+
+/* The units (elements, or blocks) of a row of n elements of dtype dt. */
+static int64_t row_units(int dt, int64_t n)
+{
+    return n / fa_dtype_block(dt);
 }
 
 /* No array is this many elements long: every sum of offsets and strides
@@ -205,6 +214,7 @@ int fa_in_span(fa_span s, int64_t off, int64_t n1, int64_t st1, int64_t n2, int6
 static int item_in_bounds(const fa_attn_args *a, int64_t b, int weights, int with_lse)
 {
     const int64_t L = a->L, S = a->S;
+    const int64_t kw = row_units(a->k_dtype, a->D), vw = row_units(a->v_dtype, a->Dv);
     if (!fa_in_span(a->q_span, a->q_off[b], L, a->q_rs, 1, 0, a->D))
         return 0;
     if (a->o_off && !weights) {
@@ -221,15 +231,15 @@ static int item_in_bounds(const fa_attn_args *a, int64_t b, int weights, int wit
         const int64_t pages = (S + bs - 1) / bs;
         if (a->bt_off[b] < 0 || a->bt_off[b] > a->bt_len - pages)
             return 0;
-        if (!fa_in_span(a->k_span, a->k_off[b], rows, a->k_rs, a->num_pages, a->k_ps, a->D))
+        if (!fa_in_span(a->k_span, a->k_off[b], rows, a->k_rs, a->num_pages, a->k_ps, kw))
             return 0;
         if (!weights && !fa_in_span(a->v_span, a->v_off[b], rows, a->v_rs, a->num_pages, a->v_ps,
-                                 a->Dv))
+                                 vw))
             return 0;
     } else {
-        if (!fa_in_span(a->k_span, a->k_off[b], S, a->k_rs, 1, 0, a->D))
+        if (!fa_in_span(a->k_span, a->k_off[b], S, a->k_rs, 1, 0, kw))
             return 0;
-        if (!weights && !fa_in_span(a->v_span, a->v_off[b], S, a->v_rs, 1, 0, a->Dv))
+        if (!weights && !fa_in_span(a->v_span, a->v_off[b], S, a->v_rs, 1, 0, vw))
             return 0;
     }
     if (a->mask_kind != FA_MASK_NONE
@@ -256,7 +266,7 @@ int fa_check_args(const fa_attn_args *a, int nthreads, int weights, int with_lse
         if (a->S > 0 && (!a->k || (a->Dv > 0 && !a->v)))
             return FA_ERR_ARG;
     }
-    if (!valid_dtype(a->k_dtype) || !valid_dtype(a->v_dtype))
+    if (!valid_dtype(a->k_dtype, a->D) || !valid_dtype(a->v_dtype, a->Dv))
         return FA_ERR_ARG;
     if (a->block_table && a->nbatch > 0 && a->L > 0 && a->S > 0
         && (a->block_size < FA_BK || a->block_size % FA_BK != 0 || !a->bt_off))
@@ -401,8 +411,8 @@ static int64_t doc_tiles(const fa_attn_args *a, int64_t nq, int64_t *cut)
  * 1.5 %). The unit's size does not change any row's arithmetic. */
 static int wide_units(const fa_attn_args *a, int64_t G, int threads)
 {
-    const int64_t kv_bytes = a->S * (a->D * (int64_t)fa_dtype_size(a->k_dtype)
-                                     + a->Dv * (int64_t)fa_dtype_size(a->v_dtype));
+    const int64_t kv_bytes = a->S * (row_units(a->k_dtype, a->D) * fa_dtype_unit(a->k_dtype)
+                                     + row_units(a->v_dtype, a->Dv) * fa_dtype_unit(a->v_dtype));
     const int64_t nq = FA_BQ / (G < FA_BQ ? G : FA_BQ);
     if (a->is_causal || a->win_left >= 0 || a->win_right >= 0 || a->S <= 0)
         return 0;

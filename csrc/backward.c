@@ -99,6 +99,8 @@ static int bwd_check(const fa_attn_args *a, const fa_bwd_args *g)
         return FA_ERR_ARG;
     if (a->block_table)
         return FA_ERR_ARG; /* (paged k and v: not differentiated) */
+    if (fa_dtype_block(a->k_dtype) != 1 || fa_dtype_block(a->v_dtype) != 1)
+        return FA_ERR_ARG; /* (quantized k and v: not differentiated) */
     if (a->nbatch == 0 || a->L == 0)
         return FA_OK;
     if (!g->dout || !g->out || !g->lse || !g->dq || !g->dq_off)

@@ -185,17 +185,40 @@ static FA_ALWAYS_INLINE FA_TARGET float fa_bf16_at(const void *p, int64_t i)
     return fa_bf16_to_f32(((const uint16_t *)p)[i]);
 }
 
+/* A block's float16 scale (little-endian, as GGUF stores it) as float32. */
+static FA_ALWAYS_INLINE FA_TARGET float fa_block_scale(const unsigned char *blk)
+{
+    return fa_f16_to_f32((uint16_t)(blk[0] | (blk[1] << 8)));
+}
+
+/* Element i of a row of blocks (dtypes.h's FA_BLOCK_DTYPES): the integer,
+ * converted exactly, times the block's scale, one rounding-free product. */
+static FA_ALWAYS_INLINE FA_TARGET float fa_q8_0_at(const void *p, int64_t i)
+{
+    const unsigned char *blk = (const unsigned char *)p + (i / 32) * 34;
+    return (float)(signed char)blk[2 + i % 32] * fa_block_scale(blk);
+}
+
+static FA_ALWAYS_INLINE FA_TARGET float fa_q4_0_at(const void *p, int64_t i)
+{
+    const unsigned char *blk = (const unsigned char *)p + (i / 32) * 18;
+    const int nib = (blk[2 + i % 16] >> (i % 32 < 16 ? 0 : 4)) & 15;
+    return (float)(nib - 8) * fa_block_scale(blk);
+}
+
 /* FA_DTYPE_SWITCH(dt): FA_DTYPE_CALL(t) (a macro the caller defines) with t
- * the constant code equal to dt, for each type of dtypes.h, so that a kernel
- * is inlined once per type with its conversions known; nothing for a code
- * not in the table (attention.c's check_args refuses those first). */
+ * the constant code equal to dt, for each element type of dtypes.h, so that
+ * a kernel is inlined once per type with its conversions known; nothing for
+ * another code (attention.c's check_args refuses unknown codes first; the
+ * block formats never reach a kernel: unit_common.inc's kv_rows and v_tile
+ * convert their rows to float32). */
 #define FA_DTYPE_CASE(NAME, code, name, bytes, block, at)                                          \
     case FA_DTYPE_##NAME:                                                                          \
         FA_DTYPE_CALL(FA_DTYPE_##NAME);                                                            \
         break;
 #define FA_DTYPE_SWITCH(dt)                                                                        \
     switch (dt) {                                                                                  \
-        FA_DTYPES(FA_DTYPE_CASE)                                                                   \
+        FA_ELEM_DTYPES(FA_DTYPE_CASE)                                                              \
     default:                                                                                       \
         break;                                                                                     \
     }
@@ -210,6 +233,36 @@ static inline size_t fa_dtype_size(int dt)
         return (block) == 1 ? (size_t)(bytes) : 0;
         FA_DTYPES(FA_DTYPE_BYTES)
 #undef FA_DTYPE_BYTES
+    default:
+        return 0;
+    }
+}
+
+/* Bytes of one unit of dtype dt, what offsets and strides count: an element,
+ * or a block of a block format; 0 for a code not in dtypes.h. */
+static inline int64_t fa_dtype_unit(int dt)
+{
+    switch (dt) {
+#define FA_DTYPE_UNIT(NAME, code, name, bytes, block, at)                                          \
+    case FA_DTYPE_##NAME:                                                                          \
+        return (bytes);
+        FA_DTYPES(FA_DTYPE_UNIT)
+#undef FA_DTYPE_UNIT
+    default:
+        return 0;
+    }
+}
+
+/* Elements of one unit of dtype dt: 1, or a block format's block (0 for a
+ * code not in dtypes.h). */
+static inline int64_t fa_dtype_block(int dt)
+{
+    switch (dt) {
+#define FA_DTYPE_BLOCK(NAME, code, name, bytes, block, at)                                         \
+    case FA_DTYPE_##NAME:                                                                          \
+        return (block);
+        FA_DTYPES(FA_DTYPE_BLOCK)
+#undef FA_DTYPE_BLOCK
     default:
         return 0;
     }
@@ -232,7 +285,7 @@ static FA_ALWAYS_INLINE FA_TARGET float fa_load_elem(const void *p, int64_t i, i
 /*
  * Where key tile [j0, j0 + FA_BK) of batch item b starts in k (v: v != 0): a
  * pointer to key row j0, whose rows follow each other a->k_rs (a->v_rs)
- * elements apart. A tile never straddles two pages (block_size is a multiple
+ * units apart (elements, or a block format's blocks: fa_dtype_unit). A tile never straddles two pages (block_size is a multiple
  * of the tile, checked in attention.c), so paging costs one look-up per tile.
  */
 static inline const void *fa_kv_tile(const fa_attn_args *a, int64_t b, int v, int64_t j0)
@@ -246,7 +299,7 @@ static inline const void *fa_kv_tile(const fa_attn_args *a, int64_t b, int v, in
     } else {
         off += j0 * rs;
     }
-    return (const char *)(v ? a->v : a->k) + off * (int64_t)fa_dtype_size(dt);
+    return (const char *)(v ? a->v : a->k) + off * fa_dtype_unit(dt);
 }
 
 /* A flag byte that several threads may read and write (each writes the value
@@ -401,6 +454,58 @@ static inline int64_t fa_ahead(int64_t room, int64_t rs, int64_t n, int64_t esz)
     rows = n * esz > 0 ? FA_AHEAD_ROW_BYTES / (n * esz) : FA_BK;
     rows = rows < 1 ? 1 : (rows > FA_BK ? FA_BK : rows);
     return room >= rows ? rows * rs * esz : 0;
+}
+
+/* Rows of a block format (dtypes.h's FA_BLOCK_DTYPES) converted to float32:
+ * dst[0..n) = the first n elements (a multiple of 32) of the row of blocks at
+ * src, each exactly its integer times its block's scale; returns 1 if all
+ * are finite (a block's elements are where its scale is: the integers are
+ * small). ahead (0: none): bytes past the blocks read to fetch ahead. One
+ * loop a format over a block's integers, which the compiler vectorises for
+ * each variant's target; every variant converts through here, so the
+ * float32 rows are the same everywhere. */
+FA_BLOCK_DTYPES_KNOWN(fa_block_row_knows_q8_0_q4_0, 2);
+
+static FA_ALWAYS_INLINE FA_TARGET int fa_q8_0_row(const unsigned char *blk, int64_t n, float *dst,
+                                                  int64_t ahead)
+{
+    int64_t b, i;
+    int finite = 1;
+    for (b = 0; b < n / 32; b++, blk += 34, dst += 32) {
+        const float d = fa_block_scale(blk);
+        if (ahead && (b & 1) == 0)
+            fa_prefetch(blk, ahead);
+        finite &= d - d == 0.0f;
+        for (i = 0; i < 32; i++)
+            dst[i] = (float)(signed char)blk[2 + i] * d;
+    }
+    return finite;
+}
+
+static FA_ALWAYS_INLINE FA_TARGET int fa_q4_0_row(const unsigned char *blk, int64_t n, float *dst,
+                                                  int64_t ahead)
+{
+    int64_t b, i;
+    int finite = 1;
+    for (b = 0; b < n / 32; b++, blk += 18, dst += 32) {
+        const float d = fa_block_scale(blk);
+        if (ahead && (b & 3) == 0)
+            fa_prefetch(blk, ahead);
+        finite &= d - d == 0.0f;
+        for (i = 0; i < 16; i++) {
+            dst[i] = (float)((blk[2 + i] & 15) - 8) * d;
+            dst[i + 16] = (float)((blk[2 + i] >> 4) - 8) * d;
+        }
+    }
+    return finite;
+}
+
+static FA_ALWAYS_INLINE FA_TARGET int fa_block_row(const void *src, int dt, int64_t n, float *dst,
+                                                   int64_t ahead)
+{
+    if (dt == FA_DTYPE_Q8_0)
+        return fa_q8_0_row((const unsigned char *)src, n, dst, ahead);
+    return fa_q4_0_row((const unsigned char *)src, n, dst, ahead);
 }
 
 /*

@@ -88,6 +88,8 @@ typedef struct {
                        * (row by row, or in MR-row blocks d by d: pack_rows) */
     float *kt;        /* D x FA_BK    the key tile, transposed, zero padded (qt_tile: a
                        * short tile's key rows as they are, zero rows after) */
+    float *kq;        /* FA_BK x D    key rows of a block format, converted (unit_common.inc's
+                       * kv_rows) */
     float *qt;        /* bq x D       the unit's query rows in blocks of FA_QT_LANES rows,
                        * d by d (a variant's rows-as-lanes kernels: qt_tile) */
     float *sc;        /* bq x FA_BK scores, then probabilities */

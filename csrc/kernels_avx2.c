@@ -20,6 +20,7 @@
 #include "vec_avx2.h"
 #include "vec_math.h"
 #include "x86_rows.h"
+#include "x86_blocks.h"
 
 /* One 6 x 16 block of C = (A . B) scale in twelve ymm accumulators, one fused
  * multiply-add per element and step of d, d ascending; with alpha, C = C *
@@ -389,6 +390,10 @@ static FA_ALWAYS_INLINE FA_TARGET void few_scores_dt_avx2(const float *q, int64_
 static FA_TARGET void FA_NAME(few_scores)(const float *q, int64_t nr, const void *k, int dt,
                                       int64_t rs, int64_t D, int64_t nk, int64_t room, float *s)
 {
+    if (dt == FA_DTYPE_Q8_0)
+        few_scores_bdt_avx2(q, nr, k, FA_DTYPE_Q8_0, rs, D, nk, room, s);
+    else if (dt == FA_DTYPE_Q4_0)
+        few_scores_bdt_avx2(q, nr, k, FA_DTYPE_Q4_0, rs, D, nk, room, s);
 #define FA_DTYPE_CALL(t) few_scores_dt_avx2(q, nr, k, t, rs, D, nk, room, s)
     FA_DTYPE_SWITCH(dt)
 #undef FA_DTYPE_CALL
@@ -471,10 +476,17 @@ static FA_TARGET void FA_NAME(few_pv)(const float *p, int64_t nr, const void *v,
                                       int64_t ld, int64_t Dvp, int64_t nk, int64_t room,
                                       int from, float *tile)
 {
+    if (dt == FA_DTYPE_Q8_0)
+        few_pv_bdt_avx2(p, nr, v, FA_DTYPE_Q8_0, ld, Dvp, nk, room, from, tile);
+    else if (dt == FA_DTYPE_Q4_0)
+        few_pv_bdt_avx2(p, nr, v, FA_DTYPE_Q4_0, ld, Dvp, nk, room, from, tile);
 #define FA_DTYPE_CALL(t) few_pv_dt_avx2(p, nr, v, t, ld, Dvp, nk, room, from, tile)
     FA_DTYPE_SWITCH(dt)
 #undef FA_DTYPE_CALL
 }
+
+/* few_scores and few_pv read the block formats in place (x86_blocks.h) */
+#define FA_HAVE_FEW_BLOCKS 1
 
 #include "driver.inc"
 #else

@@ -25,6 +25,7 @@
 #include "microkernels.h"
 #include "vec_avx512.h"
 #include "vec_math.h"
+#include "x86_blocks.h" /* the block formats' few-rows kernels (eight lanes) */
 
 #if FA_NR != 16
 #error "the AVX-512 micro-kernel holds one row of FA_NR = 16 columns in one register"
@@ -472,6 +473,10 @@ static FA_ALWAYS_INLINE FA_TARGET void few_pv_dt_avx512(const float *p, int64_t 
 static FA_TARGET void few_pv_avx512(const float *p, int64_t nr, const void *v, int dt, int64_t ld,
                                     int64_t Dvp, int64_t nk, int64_t room, int from, float *tile)
 {
+    if (dt == FA_DTYPE_Q8_0)
+        few_pv_bdt_avx2(p, nr, v, FA_DTYPE_Q8_0, ld, Dvp, nk, room, from, tile);
+    else if (dt == FA_DTYPE_Q4_0)
+        few_pv_bdt_avx2(p, nr, v, FA_DTYPE_Q4_0, ld, Dvp, nk, room, from, tile);
 #define FA_DTYPE_CALL(t) few_pv_dt_avx512(p, nr, v, t, ld, Dvp, nk, room, from, tile)
     FA_DTYPE_SWITCH(dt)
 #undef FA_DTYPE_CALL
@@ -837,10 +842,17 @@ static FA_TARGET void few_scores_avx512(const float *q, int64_t nr, const void *
                                         int64_t rs, int64_t D, int64_t nk, int64_t room,
                                         float *s)
 {
+    if (dt == FA_DTYPE_Q8_0)
+        few_scores_bdt_avx2(q, nr, k, FA_DTYPE_Q8_0, rs, D, nk, room, s);
+    else if (dt == FA_DTYPE_Q4_0)
+        few_scores_bdt_avx2(q, nr, k, FA_DTYPE_Q4_0, rs, D, nk, room, s);
 #define FA_DTYPE_CALL(t) few_scores_dt_avx512(q, nr, k, t, rs, D, nk, room, s)
     FA_DTYPE_SWITCH(dt)
 #undef FA_DTYPE_CALL
 }
+
+/* few_scores and few_pv read the block formats in place (x86_blocks.h) */
+#define FA_HAVE_FEW_BLOCKS 1
 
 #include "x86_rows.h"
 #include "driver.inc"

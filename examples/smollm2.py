@@ -515,21 +515,30 @@ def chat_prompt(model, message, *, system=None):
 # ------------------------------------------------------------------ KV cache
 
 
+#: The quantized KV caches: GGUF's block formats (fastattn.quantize_kv).
+QUANTIZED_KV = ("q8_0", "q4_0")
+
+
 def kv_dtype_of(name):
-    """float32, float16 or bfloat16 as a NumPy dtype (``"bfloat16"`` needs ml_dtypes).
+    """float32, float16 or bfloat16 as a NumPy dtype (``"bfloat16"`` needs
+    ml_dtypes), or a quantized cache's block format, ``"q8_0"`` or ``"q4_0"``
+    (kept as that string).
 
     Raises
     ------
     ValueError
         Any other dtype.
     """
+    if isinstance(name, str) and name in QUANTIZED_KV:
+        return name
     if isinstance(name, str) and name == "bfloat16":
         import ml_dtypes
 
         return np.dtype(ml_dtypes.bfloat16)
     dtype = np.dtype(name)
     if dtype not in (np.float32, np.float16) and dtype.name != "bfloat16":
-        raise ValueError(f"kv_dtype must be float32, float16 or bfloat16, got {dtype}")
+        raise ValueError(f"kv_dtype must be float32, float16, bfloat16, q8_0 or q4_0, got "
+                         f"{dtype}")
     return dtype
 
 
@@ -547,12 +556,14 @@ class KVCache:
         context length). Appending beyond `capacity` but within `max_length`
         reallocates to ``min(max(2 capacity, needed), max_length)`` and copies
         (the only reallocation); beyond `max_length` raises.
-    dtype : numpy dtype, default float32
-        float32, float16 or bfloat16 (see :func:`kv_dtype_of`).
+    dtype : numpy dtype or str, default float32
+        float32, float16 or bfloat16, or ``"q8_0"`` / ``"q4_0"``: GGUF blocks
+        of 32 values along head_dim, quantized as each position is written
+        (see :func:`kv_dtype_of`).
 
     Attributes
     ----------
-    k, v : list of ndarray, shape (kv_heads, capacity, head_dim)
+    k, v : list of ndarray or fastattn.QuantizedArray, shape (kv_heads, capacity, head_dim)
         Per layer (views of one zeroed block). Positions ``[0, length)``
         are filled; the attention reads the views ``k[layer][:, :length]``.
     length : int
@@ -567,6 +578,9 @@ class KVCache:
         if not 1 <= capacity <= self.max_length:
             raise ValueError(f"capacity must be in [1, {self.max_length}], got {capacity}")
         self.dtype = kv_dtype_of(dtype)
+        if isinstance(self.dtype, str) and config.head_dim % 32:
+            raise ValueError(f"a {self.dtype} cache needs head_dim a multiple of 32 (its "
+                             f"blocks), got {config.head_dim}")
         self.k, self.v = self._allocate(capacity)
         self.length = 0
 
@@ -576,8 +590,18 @@ class KVCache:
         huge pages where the kernel gives them, not thousands of small page
         faults, which took ~20 ms for a 513-position cache of SmolLM2)."""
         c = self.config
+        if isinstance(self.dtype, str):  # QUANTIZED_KV (zero bytes: blocks of value 0)
+            bytes_per_row = c.head_dim // 32 * (34 if self.dtype == "q8_0" else 18)
+            block = np.zeros((2, c.n_layers, c.n_kv_heads, capacity, bytes_per_row), np.uint8)
+            return ([fastattn.QuantizedArray.from_blocks(b, self.dtype) for b in block[0]],
+                    [fastattn.QuantizedArray.from_blocks(b, self.dtype) for b in block[1]])
         block = np.zeros((2, c.n_layers, c.n_kv_heads, capacity, c.head_dim), self.dtype)
         return list(block[0]), list(block[1])
+
+    @property
+    def nbytes(self):
+        """Bytes of the cache's arrays (every layer's k and v)."""
+        return sum(x.nbytes for x in self.k + self.v)
 
     @property
     def capacity(self):
@@ -601,8 +625,9 @@ class KVCache:
             return
         new = min(max(2 * self.capacity, needed), self.max_length)
         k, v = self._allocate(new)
-        for grown, old in zip(k + v, self.k + self.v):
-            grown[:, :self.length] = old[:, :self.length]
+        for grown, old in zip(k + v, self.k + self.v):  # (a quantized cache: its bytes)
+            dst, src = (getattr(x, "blocks", x) for x in (grown, old))
+            dst[:, :self.length] = src[:, :self.length]
         self.k, self.v = k, v
 
     def write(self, layer, k, v):
@@ -1200,7 +1225,10 @@ def generate(model, ids, max_new_tokens, *, temperature=0.0, top_p=1.0, seed=Non
         precision keys and values as stored and converts them exactly inside
         its kernels, so a float16 cache halves the cache's memory and what
         each decoding step reads from it; the keys and values are rounded to
-        it once, when written.
+        it once, when written. ``"q8_0"`` and ``"q4_0"``: a quantized cache
+        (GGUF blocks of 32 values, 8.5 and 4.5 bits a value), each position
+        quantized as it is written, read as blocks by fastattn with the bits
+        of attention over the values they stand for.
     timings : Timings, optional
         Filled with the prefill and decode times and their split.
     on_attention : callable, optional
@@ -1523,10 +1551,11 @@ def main(argv=None):
                              "cores are busy and close to it on a quiet one); 'keep' (or 0) "
                              "leaves it as set, the threads of --threads or else the BLAS's "
                              "own default (see generate's decode_blas_threads)")
-    parser.add_argument("--kv-dtype", choices=("float32", "float16", "bfloat16"),
-                        default="float32",
+    parser.add_argument("--kv-dtype", "--kv-cache", choices=("float32", "float16", "bfloat16")
+                        + QUANTIZED_KV, default="float32",
                         help="element type of the KV cache (default: %(default)s; bfloat16 "
-                             "needs ml_dtypes)")
+                             "needs ml_dtypes; q8_0, q4_0: GGUF blocks, quantized as each "
+                             "position is written)")
     parser.add_argument("--model", default=None,
                         help=f"GGUF file (default: the {MODEL_PACKAGE} package's {GGUF_FILE})")
     parser.add_argument("--attention-png", nargs="?", metavar="PATH", default=None,
@@ -1583,6 +1612,9 @@ def main(argv=None):
             return 2
     print("\n")
     print(timings.report(), file=sys.stderr)
+    probe = KVCache(c, 1, dtype=args.kv_dtype)  # (one position: its bytes)
+    print(f"KV cache ({args.kv_dtype}): {probe.nbytes * len(out) / 2**20:.2f} MiB for "
+          f"{len(out)} positions ({probe.nbytes} bytes a position)", file=sys.stderr)
     decode_blas = ("as set" if args.decode_blas_threads is None
                    else args.decode_blas_threads)
     print(f"(fastattn threads {fastattn.get_num_threads()}, simd "

@@ -237,6 +237,40 @@ def test_fast_path_reads_half_precision_kv_with_the_general_paths_bits(rng, kdt,
                 np.testing.assert_array_equal(g.view(np.uint32), f.view(np.uint32))
 
 
+@pytest.mark.parametrize("kfmt, vfmt", [("q8_0", "q8_0"), ("q4_0", "q8_0"), ("q8_0", "float16")])
+def test_fast_path_reads_quantized_kv_with_the_general_paths_bits(rng, kfmt, vfmt):
+    # A quantized cache takes the one-step call too (a decode step over a
+    # short cache paid about 60 us for the general path), read as blocks.
+    def make(x, fmt):
+        return fastattn.quantize_kv(x, fmt) if fmt.startswith("q") else x.astype(fmt)
+
+    for qs, ks, mask, opts in [
+        ((1, 8, 1, 64), (1, 2, 300, 64), None, {"enable_gqa": True}),
+        ((2, 4, 37, 32), (2, 4, 90, 32), (2, 1, 1, 90), {"is_causal": True, "return_lse": True}),
+    ]:
+        q = f32(rng, *qs)
+        k, v = make(f32(rng, *ks), kfmt), make(f32(rng, *ks), vfmt)
+        m = None if mask is None else rng.random(mask) < 0.8
+        blhd_k = fastattn.quantize_kv(np.asarray(k).swapaxes(1, 2), kfmt).swapaxes(1, 2)
+        for kk in (k, blhd_k, k[:, ::-1]):  # (a negative head stride too)
+            got = plain(q, kk, v, m, **opts)
+            assert got is not None, "quantized k and v must take the fast path"
+            want = general(q, kk, v, m, **opts)
+            deq = plain(q, np.asarray(kk), np.asarray(v, dtype=np.float32), m, **opts)
+            for g, w, f in zip(*(x if isinstance(x, tuple) else (x,) for x in (got, want, deq))):
+                np.testing.assert_array_equal(g.view(np.uint32), w.view(np.uint32))
+                np.testing.assert_array_equal(g.view(np.uint32), f.view(np.uint32))
+    # blocks whose strides are not whole blocks go to the general path (copied there)
+    raw = fastattn.quantize_kv(f32(rng, 1, 2, 40, 64)).blocks
+    odd = np.zeros((1, 2, 40, 69), np.uint8)[..., :68]
+    odd[...] = raw
+    kq = fastattn.QuantizedArray.from_blocks(odd, "q8_0")
+    q = f32(rng, 1, 2, 3, 64)
+    assert plain(q, kq, kq) is None
+    np.testing.assert_array_equal(fastattn.scaled_dot_product_attention(q, kq, kq),
+                                  general(q, kq.dequantize(), kq.dequantize()))
+
+
 def _misaligned(shape, dtype=np.float32):
     buf = np.zeros(int(np.prod(shape)) * np.dtype(dtype).itemsize + 1, np.uint8)
     arr = np.frombuffer(buf.data, dtype, int(np.prod(shape)), offset=1).reshape(shape)

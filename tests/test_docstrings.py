@@ -5,7 +5,7 @@ import importlib
 import pytest
 
 MODULES = ["fastattn._softmax", "fastattn._attention", "fastattn._varlen", "fastattn._merge",
-           "fastattn._threads", "fastattn._config", "fastattn.flash_attn",
+           "fastattn._threads", "fastattn._config", "fastattn._quant", "fastattn.flash_attn",
            "fastattn.flash_attn.bert_padding", "fastattn.flash_attn.layers.rotary",
            "fastattn.dask"]
 

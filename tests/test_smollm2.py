@@ -61,14 +61,16 @@ def _tiny_tokens():
     return SPECIALS + _byte_alphabet() + ["".join(m) for m in MERGES]
 
 
-def write_tiny_gguf(path, *, arch="llama", seed=0, drop=None, tokenizer_model="gpt2"):
+def write_tiny_gguf(path, *, arch="llama", seed=0, drop=None, tokenizer_model="gpt2",
+                    shape=None):
     """Write a random-weight Llama GGUF; return the float32 weights it holds, by tensor name.
 
     Quantised tensors are returned as the file stores them (dequantized), so
-    comparisons with what the loader reads are exact.
+    comparisons with what the loader reads are exact. shape: TINY's keys
+    (default TINY).
     """
     rng = np.random.default_rng(seed)
-    t = TINY
+    t = TINY if shape is None else shape
     head_dim = t["hidden"] // t["n_heads"]
     kv = t["n_kv_heads"] * head_dim
     tokens = _tiny_tokens()
@@ -139,6 +141,14 @@ def tiny_path(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tiny(tiny_path):
     return smollm2.load_model(tiny_path)
+
+
+@pytest.fixture(scope="module")
+def tiny32(tmp_path_factory):
+    """The tiny model with heads of 32 (a quantized cache's block)."""
+    path = tmp_path_factory.mktemp("gguf") / "tiny32.gguf"
+    write_tiny_gguf(path, shape=dict(TINY, hidden=128, ffn=128))
+    return smollm2.load_model(path)
 
 
 # ------------------------------------------------------------------ loading
@@ -397,8 +407,43 @@ def test_half_precision_cache(tiny, kv_dtype):
 
 
 def test_cache_dtype_must_be_a_float(tiny):
-    with pytest.raises(ValueError, match="kv_dtype must be float32, float16 or bfloat16"):
+    with pytest.raises(ValueError, match="kv_dtype must be float32, float16, bfloat16, q8_0 or "
+                                         "q4_0"):
         smollm2.KVCache(tiny.config, 4, dtype=np.float64)
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+def test_quantized_cache(tiny, tiny32, fmt):
+    """Each position quantized as written (GGUF blocks along head_dim); the
+    attention reads the blocks with the bits of their dequantized values."""
+    with pytest.raises(ValueError, match="head_dim a multiple of 32"):
+        smollm2.KVCache(tiny.config, 4, dtype=fmt)
+    tiny = tiny32
+    ids = smollm2.encode(tiny, "the theater in the air")
+    cache = smollm2.KVCache(tiny.config, 2, dtype=fmt)  # (grows, copying its bytes)
+    assert isinstance(cache.k[0], fastattn.QuantizedArray) and cache.k[0].format == fmt
+    logits = smollm2.forward(tiny, ids, cache, all_logits=True)
+    assert cache.capacity >= len(ids)
+
+    def rounded(q, k, v):
+        k, v = (fastattn.quantize_kv(x, fmt).dequantize() for x in (k, v))
+        return fastattn.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+    np.testing.assert_allclose(logits, full_logits(tiny, ids, attention=rounded),
+                               rtol=1e-5, atol=2e-5)
+    assert not np.array_equal(logits, full_logits(tiny, ids))
+    # the first layer's bytes are those of quantizing the float cache's rows
+    # (later layers' keys depend on the quantized attention before them)
+    f32 = smollm2.KVCache(tiny.config, len(ids))
+    smollm2.forward(tiny, ids, f32)
+    n = len(ids)
+    for x, y in ((cache.k[0], f32.k[0]), (cache.v[0], f32.v[0])):
+        np.testing.assert_array_equal(x[:, :n].blocks, fastattn.quantize_kv(y[:, :n], fmt).blocks)
+    # 34 (18) bytes for 32 values, against 128 as float32
+    assert cache.nbytes // cache.capacity == (f32.nbytes // f32.capacity
+                                              * (34 if fmt == "q8_0" else 18) // 128)
+    out = smollm2.generate(tiny, ids, 3, kv_dtype=fmt, stop_at_eos=False)
+    assert len(out) == len(ids) + 3
 
 
 def test_cache_beyond_its_maximum_raises(tiny):

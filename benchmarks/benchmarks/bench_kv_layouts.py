@@ -1,17 +1,20 @@
-"""Half-precision K/V and strided (B, L, H, D) inputs, against float32 contiguous.
+"""Half-precision and quantized K/V and strided (B, L, H, D) inputs, against
+float32 contiguous.
 
 Targets: decoding (B=1, 32 query / 8 kv heads, L=1, S=16384, D=128, 2 threads)
 with float16 or bfloat16 K/V >= 1.7x faster than with float32 K/V, and faster
 than PyTorch on float32 K/V (over a short cache, S=256, not slower than
 float32); causal prefill (L=S=4096) with float16 K/V within
-1.1x of float32; (B, L, H, D) views within 1.1x of the contiguous call. The
+1.1x of float32; (B, L, H, D) views within 1.1x of the contiguous call;
+decoding from a q8_0 cache within 1.05x of the float16 time and 0.75x of the
+float32 time (q4_0 reported). The
 track_* ratios time both calls alternately in one process (robust to a drifting
 machine); values above 1 mean the half-precision / strided call is faster.
 """
 import numpy as np
 
 import fastattn
-from fastattn._bench import as_layout, best_time, kv_dtype
+from fastattn._bench import as_layout, best_time, kv_operand
 
 from .common import random, torch_or_skip
 
@@ -22,8 +25,7 @@ PREFILL = dict(B=1, H=8, Hkv=8, L=4096, S=4096, D=128)
 def _inputs(shape, kv="float32", layout="bhld"):
     B, H, Hkv, L, S, D = (shape[n] for n in ("B", "H", "Hkv", "L", "S", "D"))
     q, k, v = random((B, H, L, D), 0), random((B, Hkv, S, D), 1), random((B, Hkv, S, D), 2)
-    dt = kv_dtype(kv)
-    return as_layout(q, layout), as_layout(k.astype(dt), layout), as_layout(v.astype(dt), layout)
+    return as_layout(q, layout), kv_operand(k, kv, layout), kv_operand(v, kv, layout)
 
 
 def _skip_without(kv):
@@ -135,3 +137,39 @@ class StridedLayout:
         return _ratio(self.contiguous, self.strided, repeat=5 if case == "decode" else 2)
 
     track_contiguous_over_strided.unit = "x"
+
+
+class QuantizedKVDecode:
+    """Decoding (the DECODE shape) from a quantized cache (GGUF q8_0 / q4_0
+    blocks, fastattn.quantize_kv), its (B, S, H, D) view too: the float16 and
+    the float32 time over the quantized time, timed alternately (targets for
+    q8_0 in the contiguous layout: >= 1 / 1.05 and >= 1 / 0.75)."""
+
+    params = (["q8_0", "q4_0"], ["bhld", "blhd"])
+    param_names = ["kv", "layout"]
+    timeout = 600
+
+    def setup(self, kv, layout):
+        fastattn.set_num_threads(2)
+        runs = {}
+        for dt in ("float32", "float16", kv):
+            q, k, v = _inputs(DECODE, dt, layout)
+            runs[dt] = (lambda q=q, k=k, v=v:
+                        fastattn.scaled_dot_product_attention(q, k, v, enable_gqa=True))
+        self.runs = runs
+        self.quantized = runs[kv]
+
+    def teardown(self, *args):
+        fastattn.set_num_threads(None)
+
+    def time_decode(self, kv, layout):
+        self.quantized()
+
+    def track_float16_over_quantized(self, kv, layout):
+        return _ratio(self.runs["float16"], self.quantized)
+
+    def track_float32_over_quantized(self, kv, layout):
+        return _ratio(self.runs["float32"], self.quantized)
+
+    track_float16_over_quantized.unit = "x"
+    track_float32_over_quantized.unit = "x"

@@ -24,6 +24,7 @@ from fastattn._attention import (  # noqa: E402
 from fastattn._varlen import varlen_attention  # noqa: E402
 from fastattn._backward import attention_backward, varlen_attention_backward  # noqa: E402
 from fastattn._merge import merge_attention  # noqa: E402
+from fastattn._quant import QuantizedArray, quantize_kv  # noqa: E402
 from fastattn._threads import get_num_threads, set_num_threads  # noqa: E402
 from fastattn._config import show_config  # noqa: E402
 from fastattn._version import __version__  # noqa: E402
@@ -40,6 +41,8 @@ __all__ = [  # a literal list, for static analysers: the modules' __all__ and th
     "attention_weights",
     "varlen_attention",
     "merge_attention",
+    "quantize_kv",
+    "QuantizedArray",
     "attention_backward",
     "varlen_attention_backward",
     "set_num_threads",

@@ -284,8 +284,9 @@ def main(argv=None):
     b.add_argument("--window", type=_count(1), metavar="W",
                    help="sliding window of W keys: window=(W-1, 0)")
     b.add_argument("--kv-dtype", choices=KV_DTYPES, default=None,
-                   help="dtype of k and v (default float32; bfloat16 needs ml_dtypes); "
-                        "also times the float32 call on the same values (column f32/fa)")
+                   help="dtype of k and v (default float32; bfloat16 needs ml_dtypes; "
+                        "q8_0, q4_0: GGUF blocks, fastattn.quantize_kv); also times the "
+                        "float32 call on the same values (column f32/fa)")
     b.add_argument("--layout", choices=LAYOUTS, default=None,
                    help="bhld (default): q, k, v as contiguous (B, H, L, D); blhd: "
                         "(B, L, H, D) arrays viewed as (B, H, L, D), read in place; "

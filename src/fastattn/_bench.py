@@ -639,7 +639,8 @@ def models(repeat=3, threads=2, cases=None, out=None):
     return rows
 
 
-KV_DTYPES = ("float32", "float16", "bfloat16")
+KV_DTYPES = ("float32", "float16", "bfloat16", "q8_0", "q4_0")
+QUANTIZED = ("q8_0", "q4_0")  # GGUF block formats (fastattn.quantize_kv)
 LAYOUTS = ("bhld", "blhd")
 
 
@@ -650,6 +651,18 @@ def kv_dtype(name):
 
         return np.dtype(ml_dtypes.bfloat16)
     return np.dtype(name)
+
+
+def kv_operand(a, kv, layout):
+    """`a` (float32 (B, H, n, D)) as fastattn is handed k or v: converted to
+    `kv` (a dtype name of KV_DTYPES, or a block format of QUANTIZED:
+    quantized along D), in `layout` (see as_layout; a quantized (B, n, H, D)
+    cache is viewed as (B, H, n, D) the same way)."""
+    if kv in QUANTIZED:
+        if layout == "bhld":
+            return fastattn.quantize_kv(a, kv)
+        return fastattn.quantize_kv(np.ascontiguousarray(a.swapaxes(1, 2)), kv).swapaxes(1, 2)
+    return as_layout(a.astype(kv_dtype(kv)), layout)
 
 
 def as_layout(a, layout):
@@ -668,8 +681,9 @@ def time_sdpa(batch, heads, L, S, D, causal=False, window=None, repeat=3,
     enable_gqa=True): a dict implementation -> seconds, None where a peer
     is not installed or has no equivalent (PyTorch: windows, causal L != S).
 
-    `kv` ("float32", "float16", "bfloat16") is the dtype of k and v and
-    `layout` ("bhld", "blhd": see as_layout) that of q, k and v for fastattn;
+    `kv` (KV_DTYPES: "float32", "float16", "bfloat16", or a GGUF block
+    format, "q8_0", "q4_0") is the dtype of k and v and `layout` ("bhld",
+    "blhd": see as_layout) that of q, k and v for fastattn;
     when either differs from float32 "bhld", "fastattn-f32" is also timed, on
     the same values as contiguous float32 arrays (the peers always get those).
     The two fastattn calls alternate, so that a drift of the machine's speed
@@ -679,11 +693,10 @@ def time_sdpa(batch, heads, L, S, D, causal=False, window=None, repeat=3,
         _randn((batch, kv_heads, S, D), 2)
     gqa = kv_heads != heads
     kw = {"is_causal": causal, "window": window, "enable_gqa": gqa}
-    dt = kv_dtype(kv)
-    if dt != np.float32:  # the same values for every implementation
-        k, v = k.astype(dt).astype(np.float32), v.astype(dt).astype(np.float32)
+    qa, ka, va = as_layout(q, layout), kv_operand(k, kv, layout), kv_operand(v, kv, layout)
+    if kv != "float32":  # the same values for every implementation
+        k, v = (np.ascontiguousarray(np.asarray(x, dtype=np.float32)) for x in (ka, va))
     base = kv != "float32" or layout != "bhld"
-    qa, ka, va = as_layout(q, layout), as_layout(k.astype(dt), layout), as_layout(v.astype(dt), layout)
     runs = {"fastattn": lambda: fastattn.scaled_dot_product_attention(qa, ka, va, **kw)}
     if base:
         runs["fastattn-f32"] = lambda: fastattn.scaled_dot_product_attention(q, k, v, **kw)

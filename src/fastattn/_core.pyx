@@ -467,14 +467,54 @@ cdef object _uint16 = np.uint16
 cdef object _bfloat16 = None  # ml_dtypes' bfloat16 dtype, once an array of it was seen
 
 
-cdef int _take_kv(object x, Py_buffer *view, int64_t *st) except -2:
+cdef object _QuantizedArray = None  # fastattn.QuantizedArray, once the first k or v was seen
+cdef dict _BLOCK_ITEMS = {}  # block bytes -> the dtype of one block as an item
+
+
+cdef int _take_blocks(object x, Py_buffer *view, int64_t *st, int64_t *per) except -2:
+    """_take_kv for a fastattn.QuantizedArray: its blocks as one item per
+    block (what _kernel._units passes), the strides in st in blocks, *per the
+    elements of a block; its dtype code, else -1, nothing held."""
+    cdef Py_ssize_t i, n, s, bb = x.block_bytes
+    item = _BLOCK_ITEMS.get(bb)
+    if item is None:
+        item = _BLOCK_ITEMS[bb] = np.dtype((np.void, bb))
+    try:
+        PyObject_GetBuffer(x.blocks.view(item), view, PyBUF_STRIDES)
+    except Exception:
+        return -1
+    if view.itemsize == bb and 1 <= view.ndim <= 64:
+        for i in range(view.ndim - 1, -1, -1):
+            n, s = view.shape[i], view.strides[i]
+            st[i] = 0
+            if n == 1:
+                continue
+            if s % bb != 0:
+                break
+            st[i] = s // bb
+        else:
+            per[0] = 32
+            return DTYPE_CODES[x.format]
+    PyBuffer_Release(view)
+    return -1
+
+
+cdef int _take_kv(object x, Py_buffer *view, int64_t *st, int64_t *per) except -2:
     """Take k or v for sdpa_plain as _take takes q: a numpy.ndarray (no
     subclass), aligned, rows in place, of native float32, float16 or
     bfloat16 (ml_dtypes', read as its uint16 bits, as _kernel.kv_operand
-    passes it). Its dtype code (FA_DTYPE_*) then, the strides in st in
-    elements of that dtype (the caller releases view); else -1, nothing held."""
-    global _bfloat16
+    passes it), or a fastattn.QuantizedArray (_take_blocks). Its dtype code
+    (FA_DTYPE_*) then, the strides in st in units of that dtype (elements, or
+    blocks of *per elements; *per is 1 for an element type) (the caller
+    releases view); else -1, nothing held."""
+    global _bfloat16, _QuantizedArray
+    per[0] = 1
     if type(x) is not _ndarray:
+        if _QuantizedArray is None:
+            from fastattn._quant import QuantizedArray
+            _QuantizedArray = QuantizedArray
+        if type(x) is _QuantizedArray:
+            return _take_blocks(x, view, st, per)
         return -1
     c = x.dtype.char
     if c == 'f':
@@ -563,7 +603,8 @@ def sdpa_plain(q, k, v, mask, is_causal, window, scale, enable_gqa, return_lse,
 
     Applies when q, k and v are aligned numpy.ndarrays (no subclass) of
     native float32 (k and v also float16 or ml_dtypes' bfloat16, read as
-    stored: a half-precision KV cache) with their rows in place (any strides
+    stored: a half-precision KV cache, or fastattn.QuantizedArrays whose
+    strides are whole blocks: a quantized one) with their rows in place (any strides
     a whole number of elements, the last axis contiguous) and the same number
     of dimensions >= 2, each of k's and v's leading dimensions equal to q's or 1 (with
     enable_gqa: but for the head axis, where q's heads are a multiple of k's
@@ -586,7 +627,7 @@ def sdpa_plain(q, k, v, mask, is_causal, window, scale, enable_gqa, return_lse,
     """
     cdef Py_buffer qb, kb, vb, mb, ob, lb
     cdef int held = 0, status = FA_OK, i, nd, nb, mnd, gqa, k_dt, v_dt
-    cdef int64_t L, S, D, Dv, nbatch = 1, group = 1, j, r, c, n, qo, ko, vo, mo
+    cdef int64_t L, S, D, Dv, nbatch = 1, group = 1, j, r, c, n, qo, ko, vo, mo, kper, vper
     cdef int64_t win_left = -1, win_right = -1
     cdef int64_t qst[64]
     cdef int64_t kst[64]
@@ -609,11 +650,11 @@ def sdpa_plain(q, k, v, mask, is_causal, window, scale, enable_gqa, return_lse,
         return None
     held = 1
     try:
-        k_dt = _take_kv(k, &kb, kst)
+        k_dt = _take_kv(k, &kb, kst, &kper)
         if k_dt < 0:
             return None
         held = 2
-        v_dt = _take_kv(v, &vb, vst)
+        v_dt = _take_kv(v, &vb, vst, &vper)
         if v_dt < 0:
             return None
         held = 3
@@ -622,8 +663,9 @@ def sdpa_plain(q, k, v, mask, is_causal, window, scale, enable_gqa, return_lse,
         if nd < 2 + gqa or kb.ndim != nd or vb.ndim != nd:
             return None
         L, D = qb.shape[nd - 2], qb.shape[nd - 1]
-        S, Dv = kb.shape[nd - 2], vb.shape[nd - 1]
-        if L < 1 or S < 1 or D < 1 or Dv < 1 or kb.shape[nd - 1] != D or vb.shape[nd - 2] != S:
+        S, Dv = kb.shape[nd - 2], vb.shape[nd - 1] * vper  # (a block format's items: blocks)
+        if (L < 1 or S < 1 or D < 1 or Dv < 1 or kb.shape[nd - 1] * kper != D
+                or vb.shape[nd - 2] != S):
             return None
         if window is not None:
             # A side wider than any query-key distance is unbounded: clamped to L + S.

@@ -33,6 +33,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from fastattn import _core
+from fastattn._quant import QuantizedArray
 from fastattn._threads import get_num_threads
 from fastattn._validate import AttentionInputs, PagedInputs, VarlenInputs
 
@@ -63,11 +64,26 @@ def _layout(arr: np.ndarray, batch: Tuple[int, ...],
     return _core.block_offsets(tuple(batch), strides[:-2], group), strides[-2], strides[-1]
 
 
-def kv_operand(arr: np.ndarray) -> Tuple[np.ndarray, int]:
+def _units(arr: Any) -> np.ndarray:
+    """k or v as an ndarray of the units its offsets and strides count: the
+    array itself, or a QuantizedArray's blocks as one item per block (the
+    last axis D // 32 long), which the kernels' bounds are checked in."""
+    if isinstance(arr, QuantizedArray):
+        return arr.blocks.view(_BLOCK_ITEM[arr.block_bytes])
+    return arr
+
+
+_BLOCK_ITEM = {n: np.dtype((np.void, n)) for n in (18, 34)}  # a block as one item
+
+
+def kv_operand(arr: Any) -> Tuple[np.ndarray, int]:
     """(array the kernel reads, its dtype code): k or v as stored, of one of
     the kernels' element types (_core.DTYPE_CODES, the rows of csrc/dtypes.h,
-    by NumPy name); a type NumPy's buffer protocol cannot export (ml_dtypes'
-    bfloat16) as the unsigned integers of its bits."""
+    by NumPy name, or a QuantizedArray's format); a type NumPy's buffer
+    protocol cannot export (ml_dtypes' bfloat16) as the unsigned integers of
+    its bits."""
+    if isinstance(arr, QuantizedArray):
+        return _units(arr), _core.DTYPE_CODES[arr.format]
     code = _core.DTYPE_CODES[arr.dtype.name]
     if arr.dtype.kind == "V":
         arr = arr.view(np.dtype(f"u{arr.dtype.itemsize}"))
@@ -93,8 +109,8 @@ def _dense(a: AttentionInputs, result: np.ndarray, lse: Optional[np.ndarray]) ->
                     _core.block_offsets(tuple(a.batch), _strides(ids_kv, nd)[:-1], 1),
                     _strides(ids_q, nd)[-1], _strides(ids_kv, nd)[-1], a.segments.sorted)
     q_off, q_rs, _ = _layout(a.q, a.batch)
-    k_off, k_rs, _ = _layout(a.k, a.batch, a.group)
-    v_off, v_rs = _layout(a.v, a.batch, a.group)[:2] if a.v is not None else (None, 0)
+    k_off, k_rs, _ = _layout(_units(a.k), a.batch, a.group)
+    v_off, v_rs = _layout(_units(a.v), a.batch, a.group)[:2] if a.v is not None else (None, 0)
     return dict(q_off=q_off, k_off=k_off, v_off=v_off, q_rs=q_rs, k_rs=k_rs, v_rs=v_rs,
                 nbatch=math.prod(a.batch), L=a.L, S=a.S, mask=flat_mask, mask_off=mask_off,
                 mask_sl=mask_sl, mask_ss=mask_ss, segments=segments)
@@ -109,6 +125,7 @@ def _varlen(a: VarlenInputs, result: np.ndarray, lse: Optional[np.ndarray]) -> L
     group = a.Hq // a.Hkv
 
     def rows(arr, cu, g):  # row 0 of each (sequence, query head) of arr, and the row stride
+        arr = _units(arr)
         rs, hs = (x // arr.itemsize for x in arr.strides[:2])
         return _core.varlen_offsets(cu, a.Hq, g, rs, hs), rs
 
@@ -127,8 +144,9 @@ def _paged(a: PagedInputs, result: np.ndarray, lse: Optional[np.ndarray]) -> Lay
     batch item b at row j % block_size of page table[b, j // block_size]."""
     if not (a.B * a.Hq and a.L):
         return None
-    kst = [st // a.k.itemsize for st in a.k.strides]
-    vst = [st // a.v.itemsize for st in a.v.strides]
+    k, v = _units(a.k), _units(a.v)
+    kst = [st // k.itemsize for st in k.strides]
+    vst = [st // v.itemsize for st in v.strides]
     batch = (a.B, a.Hq)
     q_off, q_rs, _ = _layout(a.q, batch)
     return dict(q_off=q_off, k_off=_core.block_offsets(batch, [0, kst[2]], a.group),

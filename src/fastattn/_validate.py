@@ -17,6 +17,8 @@ from typing import (Any, Callable, Iterable, List, NamedTuple, Optional, Sequenc
 
 import numpy as np
 
+from fastattn._quant import QuantizedArray
+
 try:  # numpy >= 1.25
     from numpy.exceptions import AxisError, TooHardError
 except ImportError:  # pragma: no cover - older numpy
@@ -270,8 +272,23 @@ def rows_in_place(arr):
 
 def as_rows(x, name, half=False):
     """`x` for attention: float32 (with `half`, float16 and bfloat16 are kept
-    as they are, for k and v), read in place when its rows are contiguous
-    (any other strides), else copied once into a C-contiguous array."""
+    as they are, for k and v, and a QuantizedArray too), read in place when
+    its rows are contiguous (any other strides), else copied once into a
+    C-contiguous array."""
+    if isinstance(x, QuantizedArray):
+        if not half:
+            raise TypeError(f"{name} must be a float array, got a QuantizedArray ({x.format}): "
+                            f"quantized arrays are taken for k and v only; pass "
+                            f"{name}.dequantize()")
+        if x.ndim < 2:
+            raise ValueError(f"{name} must have at least 2 dimensions (..., rows, features), "
+                             f"got shape {x.shape}")
+        # the kernels count its strides in whole blocks
+        size = x.block_bytes
+        if all(st % size == 0 or n == 1
+               for n, st in zip(x.blocks.shape[:-1], x.blocks.strides[:-1])):
+            return x
+        return x.copy()
     arr = _real_array(x, name)
     if arr.dtype != np.float32 and not (half and is_half(arr.dtype)):
         return to_float32(arr)
@@ -333,6 +350,8 @@ def _arrays_in(name: str, value: Any) -> Iterable[Tuple[str, np.ndarray]]:
     own to overlap)."""
     if isinstance(value, np.ndarray):
         yield name, value
+    elif isinstance(value, QuantizedArray):  # (its bytes, not a dequantized copy)
+        yield name, value.blocks
     elif isinstance(value, (list, tuple)):
         for i, item in enumerate(value):
             yield from _arrays_in(f"{name}[{i}]", item)
@@ -793,6 +812,16 @@ def _output_like(x: Any, name: str, shape: Tuple[int, ...], what: str) -> np.nda
     return as_float32(arr, name) if name == "lse" else as_rows(arr, name)
 
 
+def _not_quantized(k: Any, v: Any) -> None:
+    """The backward differentiates float arrays: a QuantizedArray k or v
+    (whose gradient would be of its dequantized values) is refused."""
+    for x, name in ((k, "k"), (v, "v")):
+        if isinstance(x, QuantizedArray):
+            raise TypeError(f"{name} is a QuantizedArray ({x.format}): the backward takes "
+                            f"float k and v only (gradients of quantized values are not "
+                            f"defined here); pass {name}.dequantize()")
+
+
 class BackwardInputs(NamedTuple):
     """Validated arguments of attention_backward: `a` those of the forward
     (attention_inputs: q, k, v, mask, options, the broadcast batch); do and o
@@ -826,6 +855,7 @@ def backward_inputs(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, attn_mask
     ``batch + (L,)`` (what ``return_lse=True`` gave): no broadcasting, since
     they are per row of that output. Any real floating dtype (converted to
     float32, as q)."""
+    _not_quantized(k, v)
     a = attention_inputs(q, k, v, attn_mask, is_causal, window, scale, enable_gqa,
                          softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
                          segment_ids=segment_ids)
@@ -998,6 +1028,7 @@ def varlen_backward_inputs(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any,
     """Validate and convert the arguments of varlen_attention_backward: those
     of varlen_attention, then do and o of exactly the output's shape
     (total_q, Hq, Dv) and lse of exactly (total_q, Hq)."""
+    _not_quantized(k, v)
     a = varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal, window, scale, softcap,
                       alibi_slopes, sinks)
     total_q = a.q.shape[0]

@@ -28,6 +28,7 @@ import numpy as np
 
 try:
     import dask.array as da
+    from dask.array.dispatch import concatenate_lookup
     from dask.base import tokenize
     from dask.highlevelgraph import HighLevelGraph
     from distributed.diagnostics.plugin import WorkerPlugin
@@ -37,6 +38,7 @@ except ImportError as exc:  # pragma: no cover - the optional extra is missing
 
 import fastattn
 from fastattn._attention import sdpa
+from fastattn._quant import QuantizedArray
 from fastattn._threads import checked_num_threads
 from fastattn._validate import (as_array, as_bool, attention_inputs, foreign_keywords,
                                 int_array, is_bfloat16, is_masked_array, segment_pair,
@@ -178,7 +180,9 @@ def _as_dask(x, name, convert=as_array):
     if is_masked_array(x) or isinstance(getattr(x, "_meta", None), np.ma.MaskedArray):
         raise TypeError(f"{name} must be a plain array, not a masked array (its mask would be "
                         f"ignored)")
-    if not isinstance(x, da.Array):
+    if isinstance(x, QuantizedArray):  # one block, kept quantized
+        x = da.from_array(x, chunks=tuple((n,) for n in x.shape), name=False, asarray=False)
+    elif not isinstance(x, da.Array):
         x = convert(x, name)  # one block (of any size: empty arrays too)
         x = da.from_array(x, chunks=tuple((n,) for n in x.shape), name=False)
     if any(math.isnan(c) for cs in x.chunks for c in cs):
@@ -201,6 +205,22 @@ def _stand_in(x, role):
         dtype = np.dtype(np.float32)
     row = np.zeros(x.shape[-1:] if x.ndim and role in ("q", "kv") else (), dtype)
     return np.broadcast_to(row, x.shape)
+
+
+@concatenate_lookup.register(QuantizedArray)
+def _concatenate_quantized(arrays, axis=0):
+    """Dask's concatenation of QuantizedArray blocks (a rechunk that merges
+    blocks of k or v): their bytes joined along a leading axis, still
+    quantized (the last axis, D, is one chunk, so only one block meets it)."""
+    arrays = list(arrays)
+    if len(arrays) == 1:
+        return arrays[0]
+    first = arrays[0]
+    axis = axis % first.ndim
+    if axis == first.ndim - 1 or any(a.format != first.format for a in arrays):
+        raise ValueError("QuantizedArray blocks join along their leading axes, in one format")
+    return QuantizedArray.from_blocks(np.concatenate([a.blocks for a in arrays], axis=axis),
+                                      first.format)
 
 
 class _Operand:
@@ -358,7 +378,11 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, wi
         ``q (..., L, D)``, ``k (..., S, D)``, ``v (..., S, Dv)`` (with
         `enable_gqa`, ``(..., Hq, L, D)`` and ``(..., Hkv, S, .)``). Chunks on the
         batch, head, L and S axes are free; D and Dv must be one chunk each. A
-        NumPy array is one block. Where several arguments span an axis their
+        NumPy array is one block. k and v may be quantized
+        (:class:`fastattn.QuantizedArray`, one block, or a dask array of
+        such chunks: ``dask.array.from_array(qa, chunks, asarray=False)``);
+        each task then reads its blocks quantized, with the in-memory
+        function's bits, and a rechunk keeps them quantized. Where several arguments span an axis their
         chunks are aligned to the union of their block boundaries (a rechunk);
         under `enable_gqa` query-head blocks are widened to whole groups of
         ``Hq // Hkv`` heads, so that each reads one block of kv heads.

@@ -2,7 +2,8 @@
 
 Same names, signatures and semantics as the computing functions of
 :mod:`fastattn` (thread control and show_config have no twin: the reference is
-plain NumPy), written as the
+plain NumPy; quantize_kv and QuantizedArray are NumPy already, and are
+fastattn's own), written as the
 textbook steps (scores, scale, mask, softmax, weighted sum) so that a reader can
 check the compiled results by eye. Arguments go through the same checks as the
 compiled API (``fastattn._validate``) and are rounded to float32 like its
@@ -18,6 +19,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from fastattn._grad import sum_to_shape
+from fastattn._quant import QuantizedArray, quantize_kv
 from fastattn._typing import AttentionResult, Float32Array, SegmentIds, Window, WithLse
 
 from fastattn._validate import (
@@ -45,9 +47,19 @@ __all__ = [
     "attention_weights",
     "varlen_attention",
     "merge_attention",
+    "quantize_kv",
+    "QuantizedArray",
     "attention_backward",
     "varlen_attention_backward",
 ]
+
+
+def _values(a):
+    """Validated inputs with a QuantizedArray k or v replaced by the float32
+    values it stands for (the compiled kernels give the bits of those)."""
+    deq = {name: x.dequantize() for name, x in (("k", a.k), ("v", a.v))
+           if isinstance(x, QuantizedArray)}
+    return a._replace(**deq) if deq else a
 
 
 def _finish(result64, out, inputs):
@@ -256,10 +268,12 @@ def scaled_dot_product_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike,
                          softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
                          segment_ids=segment_ids)
     return_lse = as_bool(return_lse, "return_lse")
+    inputs = a.arrays()
+    a = _values(a)
     return _attention(a, return_lse, out, [("q", q), ("k", k), ("v", v),
                                            ("attn_mask", attn_mask),
                                            ("alibi_slopes", alibi_slopes), ("sinks", sinks),
-                                           ("segment_ids", segment_ids)] + a.arrays())
+                                           ("segment_ids", segment_ids)] + inputs)
 
 
 @foreign_keywords(hints=CAUSAL_KEYWORDS)
@@ -302,6 +316,7 @@ def attention_weights(q: ArrayLike, k: ArrayLike, attn_mask: Optional[ArrayLike]
     a = attention_inputs(q, k, None, attn_mask, is_causal, window, scale, enable_gqa,
                          with_v=False, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
                          segment_ids=segment_ids)
+    a = _values(a)
     if 0 in a.batch:
         return np.zeros(a.batch + (a.L, a.S), np.float32)
     w, _, _ = _softmax_rows(_scores(a), a.sinks)
@@ -322,6 +337,8 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, is_causal=False, wi
     a = varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal, window, scale, softcap,
                       alibi_slopes, sinks)
     return_lse = as_bool(return_lse, "return_lse")
+    inputs = a.arrays()
+    a = _values(a)
     total_q = a.q.shape[0]
     o = np.zeros((total_q, a.Hq, a.Dv))
     lse = np.full((total_q, a.Hq), -np.inf)
@@ -340,7 +357,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, is_causal=False, wi
         lse[rows] = np.swapaxes(lb, 0, 1)
     result = _finish(o, out, [("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q),
                               ("cu_seqlens_k", cu_seqlens_k), ("alibi_slopes", alibi_slopes),
-                              ("sinks", sinks)] + a.arrays())
+                              ("sinks", sinks)] + inputs)
     return (result, lse.astype(np.float32)) if return_lse else result
 
 

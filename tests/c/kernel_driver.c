@@ -144,6 +144,10 @@ static const acase CASES[] = {
     {"bfloat16-kv", 4, 2, 1, 1100, 64, 64, 0, -1, -1, MASK_NONE, -1, FA_DTYPE_BF16, 0},
     {"options", 4, 2, 30, 90, 32, 32, 1, -1, -1, MASK_FLOAT, -1, FA_DTYPE_F32, 1},
     {"L>S", 2, 1, 20, 7, 8, 8, 1, -1, -1, MASK_NONE, -1, FA_DTYPE_F32, 0},
+    {"q8_0-kv", 4, 2, 37, 150, 64, 32, 1, -1, -1, MASK_NONE, -1, FA_DTYPE_Q8_0, 0},
+    {"q8_0-decode", 8, 4, 1, 1100, 128, 128, 0, -1, -1, MASK_NONE, -1, FA_DTYPE_Q8_0, 0},
+    {"q4_0-kv", 4, 2, 30, 90, 32, 64, 1, -1, -1, MASK_FLOAT, -1, FA_DTYPE_Q4_0, 1},
+    {"q4_0-decode", 4, 4, 1, 700, 64, 64, 1, 600, 0, MASK_NONE, -1, FA_DTYPE_Q4_0, 0},
 };
 #define NCASES ((int)(sizeof CASES / sizeof CASES[0]))
 
@@ -178,11 +182,37 @@ static void free_abuf(abuf *b)
     free(b->want_out); free(b->want_lse);
 }
 
+/* The elements of a block format's unit (1 for an element type). */
+static int64_t block_of(int dt)
+{
+    return dt == FA_DTYPE_Q8_0 || dt == FA_DTYPE_Q4_0 ? 32 : 1;
+}
+
 static void fill_kv(const acase *c, void **dst, double **vals, int64_t n)
 {
     int64_t i;
     *vals = alloc((size_t)n * sizeof(double));
-    if (c->kv_dtype == FA_DTYPE_F32) {
+    if (block_of(c->kv_dtype) > 1) { /* random integers and float16 scales, as stored */
+        const int q8 = c->kv_dtype == FA_DTYPE_Q8_0;
+        const int64_t bb = q8 ? 34 : 18;
+        unsigned char *x = alloc((size_t)(n / 32 * bb));
+        int64_t blk, e;
+        for (blk = 0; blk < n / 32; blk++) {
+            unsigned char *p = x + blk * bb;
+            const uint16_t h = to_f16((float)(0.004 + 0.008 * uniform())); /* values within 1.5 */
+            const double d = from_f16(h);
+            p[0] = (unsigned char)(h & 0xFF);
+            p[1] = (unsigned char)(h >> 8);
+            for (i = 2; i < bb; i++)
+                p[i] = (unsigned char)(uniform() * 256.0);
+            for (e = 0; e < 32; e++) {
+                const int qv = q8 ? (int)(signed char)p[2 + e]
+                                  : ((p[2 + e % 16] >> (e < 16 ? 0 : 4)) & 15) - 8;
+                (*vals)[blk * 32 + e] = qv * d;
+            }
+        }
+        *dst = x;
+    } else if (c->kv_dtype == FA_DTYPE_F32) {
         float *x = alloc((size_t)n * sizeof(float));
         for (i = 0; i < n; i++)
             (*vals)[i] = x[i] = normal();
@@ -211,10 +241,10 @@ static void make_inputs(const acase *c, abuf *b)
     b->q_off = alloc((size_t)c->B * sizeof(int64_t));
     b->kv_off = alloc((size_t)c->B * 2 * sizeof(int64_t)); /* k's, then v's */
     b->mask_off = alloc((size_t)c->B * sizeof(int64_t));
-    for (it = 0; it < c->B; it++) {
+    for (it = 0; it < c->B; it++) { /* (k and v in units: elements or blocks) */
         b->q_off[it] = it * c->L * c->D;
-        b->kv_off[it] = (it / c->G) * c->S * c->D;
-        b->kv_off[c->B + it] = (it / c->G) * c->S * c->Dv;
+        b->kv_off[it] = (it / c->G) * c->S * (c->D / block_of(c->kv_dtype));
+        b->kv_off[c->B + it] = (it / c->G) * c->S * (c->Dv / block_of(c->kv_dtype));
         b->mask_off[it] = it * LS;
     }
     if (c->mask == MASK_BOOL) {
@@ -262,7 +292,8 @@ static void reference(const acase *c, abuf *b)
     unsigned char *ok = alloc((size_t)c->S);
     int64_t it, i, j, d;
     for (it = 0; it < c->B; it++) {
-        const double *kd = b->kd + b->kv_off[it], *vd = b->vd + b->kv_off[c->B + it];
+        const double *kd = b->kd + b->kv_off[it] * block_of(c->kv_dtype);
+        const double *vd = b->vd + b->kv_off[c->B + it] * block_of(c->kv_dtype);
         for (i = 0; i < c->L; i++) {
             const int64_t p = i + c->S - c->L; /* bottom-right alignment */
             const float *qi = b->q + b->q_off[it] + i * c->D;
@@ -336,8 +367,8 @@ static fa_attn_args case_args(const acase *c, const abuf *b)
     a.k_off = b->kv_off;
     a.v_off = b->kv_off + c->B;
     a.q_rs = c->D;
-    a.k_rs = c->D;
-    a.v_rs = c->Dv;
+    a.k_rs = c->D / block_of(c->kv_dtype);
+    a.v_rs = c->Dv / block_of(c->kv_dtype);
     a.mask_kind = b->bmask ? FA_MASK_BOOL : b->fmask ? FA_MASK_FLOAT : FA_MASK_NONE;
     a.bool_mask = b->bmask;
     a.float_mask = b->fmask;
@@ -352,8 +383,8 @@ static fa_attn_args case_args(const acase *c, const abuf *b)
     a.alibi_slopes = b->slopes;
     a.sinks = b->sinks;
     a.q_span.hi = c->B * c->L * c->D;
-    a.k_span.hi = nkv * c->S * c->D;
-    a.v_span.hi = nkv * c->S * c->Dv;
+    a.k_span.hi = nkv * c->S * c->D / block_of(c->kv_dtype);
+    a.v_span.hi = nkv * c->S * c->Dv / block_of(c->kv_dtype);
     a.mask_span.hi = a.mask_kind != FA_MASK_NONE ? c->B * LS : 0;
     a.out_span.hi = c->B * c->L * c->Dv;
     a.lse_span.hi = c->B * c->L;
@@ -386,7 +417,8 @@ static void reference_backward(const acase *c, const abuf *b, const float *dout,
     memset(gv, 0, (size_t)(nkv * c->S * c->Dv) * sizeof(double));
     memset(gs, 0, (size_t)c->B * sizeof(double));
     for (it = 0; it < c->B; it++) {
-        const double *kd = b->kd + b->kv_off[it], *vd = b->vd + b->kv_off[c->B + it];
+        const double *kd = b->kd + b->kv_off[it] * block_of(c->kv_dtype);
+        const double *vd = b->vd + b->kv_off[c->B + it] * block_of(c->kv_dtype);
         double *dk = gk + (it / c->G) * c->S * c->D, *dv = gv + (it / c->G) * c->S * c->Dv;
         for (i = 0; i < c->L; i++) {
             const int64_t p = i + c->S - c->L;
@@ -660,7 +692,41 @@ int main(void)
                      threads_same ? "" : ", threads change bits");
             report(variants[vi], c->name, detail, v.bad == 0 && wrong == 0 && threads_same);
 
-            { /* the gradients: against the double computation, across threads */
+            if (block_of(c->kv_dtype) > 1) {
+                /* a block format: the bits of the float32 call on the values
+                 * it stands for (exact floats), and no backward */
+                acase cf = *c;
+                abuf bf = b;
+                const int64_t nk = c->B / c->G * c->S;
+                float *kf = alloc((size_t)(nk * c->D) * sizeof(float));
+                float *vf = alloc((size_t)(nk * c->Dv) * sizeof(float));
+                float *of = alloc((size_t)nout * sizeof(float)), *lf = alloc((size_t)nlse * sizeof(float));
+                int64_t it2;
+                for (i = 0; i < nk * c->D; i++)
+                    kf[i] = (float)b.kd[i];
+                for (i = 0; i < nk * c->Dv; i++)
+                    vf[i] = (float)b.vd[i];
+                cf.kv_dtype = FA_DTYPE_F32;
+                bf.k = kf;
+                bf.v = vf;
+                bf.kv_off = alloc((size_t)c->B * 2 * sizeof(int64_t));
+                for (it2 = 0; it2 < 2 * c->B; it2++)
+                    bf.kv_off[it2] = b.kv_off[it2] * 32;
+                st1 = run_sdpa(&cf, &bf, of, lf, 1);
+                snprintf(detail, sizeof detail, "bits of the float32 call on its values");
+                report(variants[vi], c->name, detail,
+                       st1 == FA_OK && same_bits(b.out, of, nout) && same_bits(b.lse, lf, nlse));
+                {
+                    float *g = alloc((size_t)(c->B * c->L * c->D) * sizeof(float));
+                    float *gk = alloc((size_t)(nk * c->D) * sizeof(float));
+                    float *gvv = alloc((size_t)(nk * c->Dv) * sizeof(float));
+                    float *gs = alloc((size_t)c->B * sizeof(float));
+                    report(variants[vi], c->name, "backward refuses a block format",
+                           run_backward(c, &b, of, g, gk, gvv, gs, 1) == FA_ERR_ARG);
+                    free(g); free(gk); free(gvv); free(gs);
+                }
+                free(kf); free(vf); free(of); free(lf); free(bf.kv_off);
+            } else { /* the gradients: against the double computation, across threads */
                 const int64_t nkv = c->B / c->G;
                 const int64_t n[4] = {c->B * c->L * c->D, nkv * c->S * c->D,
                                       nkv * c->S * c->Dv, c->B};

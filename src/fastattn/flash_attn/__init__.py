@@ -43,6 +43,7 @@ import numbers
 import numpy as np
 
 import fastattn
+from fastattn._quant import QuantizedArray
 from fastattn._attention import PAGE_MULTIPLE, paged_sdpa  # the kernel's in-place paged read
 from fastattn._validate import (_FLOAT32_MAX, _is_torch_tensor, as_array, check_cu_seqlens,
                                 FLASH_ATTN_KEYWORDS, check_out, check_scale, check_softcap,
@@ -71,10 +72,19 @@ def _real_float_dtype(dtype):
 
 
 def _array(x, name, ndim, writeable=""):
-    """`x` as an ndarray of a real floating dtype with `ndim` dims (no copy).
-    With `writeable` (what is written into it, for the error: a cache that k
-    and v are appended into, an array rotated in place) it must be a NumPy
-    array or a CPU torch tensor, whose memory the NumPy view shares."""
+    """`x` as an ndarray of a real floating dtype with `ndim` dims (no copy),
+    or a fastattn.QuantizedArray as it is (its values float32; the core
+    reads its blocks). With `writeable` (what is written into it, for the
+    error: a cache that k and v are appended into, an array rotated in place)
+    it must be a NumPy array, a CPU torch tensor, whose memory the NumPy view
+    shares, or a QuantizedArray over writeable blocks (rows written into it
+    are quantized)."""
+    if isinstance(x, QuantizedArray):
+        if writeable and not x.blocks.flags.writeable:
+            raise ValueError(f"{name} must be writeable: {writeable}")
+        if x.ndim != ndim:
+            raise ValueError(f"{name} must have {ndim} dimensions, got shape {x.shape}")
+        return x
     if writeable and not (isinstance(x, np.ndarray) or _is_torch_tensor(x)):
         raise TypeError(f"{name} must be a NumPy array or a CPU torch tensor (it is updated "
                         f"in place), got {type(x).__name__}")
@@ -452,6 +462,12 @@ def _self_overlapping(arr):
             return True
         span = st * (n - 1) + span
     return False
+
+
+def _storage(x):
+    """The memory x holds: a QuantizedArray's blocks (indexed by its leading
+    axes, as x is), else x itself."""
+    return x.blocks if isinstance(x, QuantizedArray) else x
 
 
 def _first_repeat(ids):
@@ -1256,11 +1272,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     appended = "k and v are appended into it in place" if new_kv else ""
     k_cache = _array(k_cache, "k_cache", 4, writeable=appended)
     v_cache = _array(v_cache, "v_cache", 4, writeable=appended)
-    if new_kv and shares_memory(k_cache, v_cache):
+    if new_kv and shares_memory(_storage(k_cache), _storage(v_cache)):
         raise ValueError("k_cache and v_cache must not share memory when k and v are appended "
                          "(each position would be written twice)")
     for cache, name in ((k_cache, "k_cache"), (v_cache, "v_cache")):
-        if new_kv and _self_overlapping(cache):
+        if new_kv and _self_overlapping(_storage(cache)):
             raise ValueError(f"{name}'s positions share memory (a broadcast or expanded view, "
                              f"strides {cache.strides} for shape {cache.shape}) while k and v "
                              f"are appended: one write would land in several positions")
@@ -1400,7 +1416,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     # with the cache as it was.
     written = None
     if new_kv and L_new and B:
-        q, k, v = (np.array(x) if shares_memory(x, k_cache) or shares_memory(x, v_cache) else x
+        q, k, v = (np.array(x) if shares_memory(_storage(x), _storage(k_cache))
+                   or shares_memory(_storage(x), _storage(v_cache)) else x
                    for x in (q, k, v))
         pos = seqlens[:, None] + np.arange(L_new)  # (B, L_new)
         if paged:
@@ -1410,7 +1427,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         # (cast to the caches' dtypes before anything is written: an overflow
         # that the caller's warning filters turn into an error stops here)
         k, v = np.asarray(k, k_cache.dtype), np.asarray(v, v_cache.dtype)
-        written = (where, k_cache[where], v_cache[where])  # (copies: fancy indexing)
+        # (copies: fancy indexing; a quantized cache's bytes, put back as they were)
+        written = (where, _storage(k_cache)[where], _storage(v_cache)[where])
     try:
         if written is not None:
             k_cache[written[0]] = k
@@ -1420,8 +1438,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     except BaseException:
         if written is not None:
             where, k_old, v_old = written
-            k_cache[where] = k_old
-            v_cache[where] = v_old
+            _storage(k_cache)[where] = k_old
+            _storage(v_cache)[where] = v_old
         raise
     o = _token_major(o, out)
     return (o, lse) if return_softmax_lse else o
