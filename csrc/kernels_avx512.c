@@ -25,7 +25,7 @@
 #include "microkernels.h"
 #include "vec_avx512.h"
 #include "vec_math.h"
-#include "x86_blocks.h" /* the block formats' few-rows kernels (eight lanes) */
+#include "x86_blocks.h" /* the block formats' loads (few_scores_blocks_avx512) */
 
 #if FA_NR != 16
 #error "the AVX-512 micro-kernel holds one row of FA_NR = 16 columns in one register"
@@ -470,13 +470,177 @@ static FA_ALWAYS_INLINE FA_TARGET void few_pv_dt_avx512(const float *p, int64_t 
 #undef FA_CALL
 }
 
+/* The block formats' few-rows kernels in sixteen lanes (x86_blocks.h's
+ * eight-lane ones, whose operations on each element they repeat: the same
+ * float32 values, the same products in the same order, so the same bits).
+ * Scores: two eight-key halves transposed as x86_blocks.h does, their
+ * elements joined sixteen keys a register. */
+static FA_ALWAYS_INLINE FA_TARGET void few_scores_blocks_avx512(const float *q, const int nr,
+                                                               const void *k, const int dt,
+                                                               int64_t rs, int64_t D, int64_t nk,
+                                                               int64_t ahead, float *s)
+{
+    const int64_t bb = fa_dtype_unit(dt), rsb = rs * bb;
+    const int contig = rs == D / 32;
+    int64_t jb, blk, e;
+    int r, i, l, g;
+    for (jb = 0; jb < nk; jb += 16) {
+        const unsigned char *kr[16];
+        __m512 acc[FA_FEW_ROWS];
+        for (i = 0; i < 16; i++) /* keys past nk: any row (their scores are masked) */
+            kr[i] = (const unsigned char *)k + (jb + i < nk ? jb + i : nk - 1) * rsb;
+        for (r = 0; r < nr; r++)
+            acc[r] = _mm512_setzero_ps();
+        if (ahead && contig) { /* the sixteen rows ahead, one run: each line once */
+            int64_t o;
+            for (o = 0; o < 16 * rsb; o += 64)
+                fa_prefetch_rows(kr[0], ahead + o, 1);
+        }
+        for (blk = 0; blk < D / 32; blk++) {
+            const __m512 sc = _mm512_insertf32x8(_mm512_castps256_ps512(
+                                                     block_scales8_avx2(kr, blk * bb)),
+                                                 block_scales8_avx2(kr + 8, blk * bb), 1);
+            if (ahead && !contig) /* rows apart: each block's first and last byte */
+                for (i = 0; i < 16; i++) {
+                    fa_prefetch_rows(kr[i], ahead + blk * bb, 0);
+                    fa_prefetch_rows(kr[i], ahead + blk * bb + bb - 1, 0);
+                }
+            for (e = 0; e < 32; e += 8) { /* elements e .. e + 7 of the sixteen keys */
+                __m128i c[2][4];
+                for (g = 0; g < 2; g++) {
+                    __m128i x[8], a[4], b[4];
+                    for (l = 0; l < 8; l++)
+                        x[l] = block_ints8_avx2(kr[8 * g + l] + blk * bb, e, dt);
+                    for (l = 0; l < 4; l++)
+                        a[l] = _mm_unpacklo_epi8(x[2 * l], x[2 * l + 1]);
+                    b[0] = _mm_unpacklo_epi16(a[0], a[1]);
+                    b[1] = _mm_unpackhi_epi16(a[0], a[1]);
+                    b[2] = _mm_unpacklo_epi16(a[2], a[3]);
+                    b[3] = _mm_unpackhi_epi16(a[2], a[3]);
+                    c[g][0] = _mm_unpacklo_epi32(b[0], b[2]);
+                    c[g][1] = _mm_unpackhi_epi32(b[0], b[2]);
+                    c[g][2] = _mm_unpacklo_epi32(b[1], b[3]);
+                    c[g][3] = _mm_unpackhi_epi32(b[1], b[3]);
+                }
+                for (i = 0; i < 8; i++) { /* element e + i: keys 0-7, then 8-15 */
+                    const __m128i w = i & 1 ? _mm_unpackhi_epi64(c[0][i / 2], c[1][i / 2])
+                                            : _mm_unpacklo_epi64(c[0][i / 2], c[1][i / 2]);
+                    const __m512 x16 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(w)),
+                                                     sc);
+                    for (r = 0; r < nr; r++)
+                        acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r * D + blk * 32 + e + i]), x16,
+                                                 acc[r]);
+                }
+            }
+        }
+        for (r = 0; r < nr; r++)
+            _mm512_storeu_ps(s + r * FA_BK + jb, acc[r]);
+    }
+}
+
+static FA_ALWAYS_INLINE FA_TARGET void few_scores_bdt_avx512(const float *q, int64_t nr,
+                                                            const void *k, const int dt,
+                                                            int64_t rs, int64_t D, int64_t nk,
+                                                            int64_t room, float *s)
+{
+    const int64_t ahead = fa_ahead(room, rs, D / 32, fa_dtype_unit(dt));
+#define FA_CALL(n) few_scores_blocks_avx512(q, n, k, dt, rs, D, nk, ahead, s)
+    FA_CONST_ROWS8(nr, FA_CALL)
+#undef FA_CALL
+}
+
+/* Sixteen integers of a block (elements e .. e + 15, e 0 or 16) as signed
+ * bytes: q8_0's as stored; q4_0's nibbles (low ones for e = 0) less 8. */
+static FA_ALWAYS_INLINE FA_TARGET __m128i block_ints16_avx512(const unsigned char *blk,
+                                                             int64_t e, int dt)
+{
+    if (dt == FA_DTYPE_Q8_0)
+        return _mm_loadu_si128((const __m128i *)(blk + 2 + e));
+    {
+        __m128i x = _mm_loadu_si128((const __m128i *)(blk + 2));
+        if (e >= 16)
+            x = _mm_srli_epi16(x, 4);
+        return _mm_sub_epi8(_mm_and_si128(x, _mm_set1_epi8(15)), _mm_set1_epi8(8));
+    }
+}
+
+/* P.V over rows of blocks, nv registers (16 nv columns, whole halves of
+ * blocks) a row: x86_blocks.h's few_pv_bcols_avx2 in sixteen lanes. */
+static FA_ALWAYS_INLINE FA_TARGET void few_pv_bcols_avx512(const float *p, const int nr,
+                                                          const int nv, const void *v,
+                                                          const int dt, int64_t ld, int64_t Dvp,
+                                                          int64_t c, int64_t nk, int64_t ahead,
+                                                          int from, float *tile)
+{
+    const int64_t bb = fa_dtype_unit(dt);
+    const int contig = ld == Dvp / 32;
+    __m512 acc[FA_FEW_ROWS * 4];
+    int64_t jj;
+    int r, i;
+    for (r = 0; r < nr; r++)
+        for (i = 0; i < nv; i++)
+            acc[r * nv + i] = from ? _mm512_loadu_ps(tile + r * Dvp + c + 16 * i)
+                                   : _mm512_setzero_ps();
+    for (jj = 0; jj < nk; jj++) {
+        const unsigned char *vr = (const unsigned char *)v + jj * ld * bb;
+        __m512 pr[FA_FEW_ROWS];
+        for (i = 0; i < nv; i++) /* each block this pass starts: its first and last byte */
+            if (ahead && (c + 16 * i) % 32 == 0) {
+                fa_prefetch_rows(vr + (c + 16 * i) / 32 * bb, ahead, contig);
+                fa_prefetch_rows(vr + (c + 16 * i) / 32 * bb + bb - 1, ahead, contig);
+            }
+        for (r = 0; r < nr; r++)
+            pr[r] = _mm512_set1_ps(p[r * FA_BK + jj]);
+        for (i = 0; i < nv; i++) {
+            const unsigned char *blk = vr + (c + 16 * i) / 32 * bb;
+            const __m512 sc = _mm512_set1_ps(_cvtsh_ss((unsigned short)(blk[0] | (blk[1] << 8))));
+            const __m512 x = _mm512_mul_ps(
+                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                    block_ints16_avx512(blk, (c + 16 * i) % 32, dt))),
+                sc);
+            for (r = 0; r < nr; r++)
+                acc[r * nv + i] = _mm512_fmadd_ps(pr[r], x, acc[r * nv + i]);
+        }
+    }
+    for (r = 0; r < nr; r++)
+        for (i = 0; i < nv; i++)
+            _mm512_storeu_ps(tile + r * Dvp + c + 16 * i, acc[r * nv + i]);
+}
+
+static FA_ALWAYS_INLINE FA_TARGET void few_pv_bn_avx512(const float *p, const int nr,
+                                                        const void *v, const int dt, int64_t ld,
+                                                        int64_t Dvp, int64_t nk, int64_t ahead,
+                                                        int from, float *tile)
+{
+    /* one row: 4 registers (64 columns) a pass; more: 2 (Dvp: whole blocks of 32) */
+    const int nv = nr == 1 ? 4 : 2;
+    int64_t c = 0;
+    for (; c + 16 * nv <= Dvp; c += 16 * nv)
+        few_pv_bcols_avx512(p, nr, nv, v, dt, ld, Dvp, c, nk, ahead, from, tile);
+    for (; c < Dvp; c += 32)
+        few_pv_bcols_avx512(p, nr, 2, v, dt, ld, Dvp, c, nk, ahead, from, tile);
+}
+
+static FA_ALWAYS_INLINE FA_TARGET void few_pv_bdt_avx512(const float *p, int64_t nr,
+                                                         const void *v, const int dt, int64_t ld,
+                                                         int64_t Dvp, int64_t nk, int64_t room,
+                                                         int from, float *tile)
+{
+    const int64_t ahead = fa_ahead(room, ld, Dvp / 32, fa_dtype_unit(dt));
+    for (; nr > 6; nr -= 4, p += 4 * FA_BK, tile += 4 * Dvp)
+        few_pv_bn_avx512(p, 4, v, dt, ld, Dvp, nk, ahead, from, tile);
+#define FA_CALL(n) few_pv_bn_avx512(p, n, v, dt, ld, Dvp, nk, ahead, from, tile)
+    FA_CONST_ROWS6(nr, FA_CALL)
+#undef FA_CALL
+}
+
 static FA_TARGET void few_pv_avx512(const float *p, int64_t nr, const void *v, int dt, int64_t ld,
                                     int64_t Dvp, int64_t nk, int64_t room, int from, float *tile)
 {
     if (dt == FA_DTYPE_Q8_0)
-        few_pv_bdt_avx2(p, nr, v, FA_DTYPE_Q8_0, ld, Dvp, nk, room, from, tile);
+        few_pv_bdt_avx512(p, nr, v, FA_DTYPE_Q8_0, ld, Dvp, nk, room, from, tile);
     else if (dt == FA_DTYPE_Q4_0)
-        few_pv_bdt_avx2(p, nr, v, FA_DTYPE_Q4_0, ld, Dvp, nk, room, from, tile);
+        few_pv_bdt_avx512(p, nr, v, FA_DTYPE_Q4_0, ld, Dvp, nk, room, from, tile);
 #define FA_DTYPE_CALL(t) few_pv_dt_avx512(p, nr, v, t, ld, Dvp, nk, room, from, tile)
     FA_DTYPE_SWITCH(dt)
 #undef FA_DTYPE_CALL
@@ -843,9 +1007,9 @@ static FA_TARGET void few_scores_avx512(const float *q, int64_t nr, const void *
                                         float *s)
 {
     if (dt == FA_DTYPE_Q8_0)
-        few_scores_bdt_avx2(q, nr, k, FA_DTYPE_Q8_0, rs, D, nk, room, s);
+        few_scores_bdt_avx512(q, nr, k, FA_DTYPE_Q8_0, rs, D, nk, room, s);
     else if (dt == FA_DTYPE_Q4_0)
-        few_scores_bdt_avx2(q, nr, k, FA_DTYPE_Q4_0, rs, D, nk, room, s);
+        few_scores_bdt_avx512(q, nr, k, FA_DTYPE_Q4_0, rs, D, nk, room, s);
 #define FA_DTYPE_CALL(t) few_scores_dt_avx512(q, nr, k, t, rs, D, nk, room, s)
     FA_DTYPE_SWITCH(dt)
 #undef FA_DTYPE_CALL

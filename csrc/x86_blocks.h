@@ -1,9 +1,9 @@
 /*
  * x86_blocks.h -- the few-rows (decoding) kernels over the block formats
- * (dtypes.h's q8_0 and q4_0), which both x86 variants compile (kernels_avx2.c
- * and kernels_avx512.c, each for its own target) and call from their
- * few_scores and few_pv for those formats (FA_HAVE_FEW_BLOCKS). They work in
- * eight lanes: each element is converted in registers to exactly the float32
+ * (dtypes.h's q8_0 and q4_0) in eight lanes, which kernels_avx2.c calls from
+ * its few_scores and few_pv for those formats (FA_HAVE_FEW_BLOCKS);
+ * kernels_avx512.c compiles the same block loads (block_ints8_avx2,
+ * block_scales8_avx2) for its sixteen-lane versions. Each element is converted in registers to exactly the float32
  * that fa_block_row gives (its integer, converted, times its block's scale,
  * one exact product), then goes through the products of the float32
  * few-rows kernels, in their order (a fused multiply-add per key and step of

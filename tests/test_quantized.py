@@ -360,3 +360,17 @@ def test_quantized_bounds_are_checked_in_blocks():
         _core.attention(q, blocks[:, :, :1], blocks, **kw)
     with pytest.raises(ValueError, match="rejected its arguments"):  # D not whole blocks
         _core.attention(q, blocks, blocks, **dict(kw, D=48, q_rs=48))
+
+
+def test_kv_cache_speed_tool_times_every_cache(threads, capsys):
+    # tools/kv_cache_speed.py (docs/performance.rst's table) on a small case
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "tools" / "kv_cache_speed.py"
+    spec = importlib.util.spec_from_file_location("kv_cache_speed", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    med = tool.run((1, 4, 2, 1, 200, 64), "blhd", 1, False, 2)
+    assert set(med) == {"float32", "float16", "q8_0", "q4_0"}
+    assert all(t > 0 for t in med.values())
+    assert "B=1 H=4/2 L=1 S=200 D=64 blhd 1t" in capsys.readouterr().out
