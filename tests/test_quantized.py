@@ -218,9 +218,17 @@ def test_quantized_kvcache_failure_leaves_the_cache_as_it_was(rng):
     with pytest.raises(ValueError, match="out"):
         flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=5,
                                 out=np.zeros((1, 1, 1, 16), np.float32))
-    k[0, 0, 0, 0] = np.nan  # refused before anything is written
-    with pytest.raises(ValueError, match="non-finite"):
+    k[0, 0, 0, 0] = np.nan  # refused before anything is written, naming k
+    with pytest.raises(ValueError, match="^k has non-finite values"):
         flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=5)
+    with pytest.raises(ValueError, match="^v .*too large"):  # (float64 beyond float16 scales)
+        flash_attn_with_kvcache(q, kc, vc, v, np.full((1, 1, 1, 32), 1e300), cache_seqlens=5)
+    # a cache whose positions share memory is refused for appends, naming it
+    shared = np.lib.stride_tricks.as_strided(np.zeros((1, 1, 1, 34), np.uint8), (1, 64, 1, 34),
+                                             (0, 0, 0, 1), writeable=True)
+    with pytest.raises(ValueError, match="k_cache's positions share memory"):
+        flash_attn_with_kvcache(q, fastattn.QuantizedArray.from_blocks(shared, "q8_0"), vc, v, v,
+                                cache_seqlens=5)
     assert np.array_equal(kc.blocks, before[0]) and np.array_equal(vc.blocks, before[1])
 
 
@@ -260,6 +268,8 @@ def test_quantized_dask_chunks(rng, fmt):
         assert_pairs_same(tuple(got), tuple(want))
         # the tasks read quantized blocks: a rechunk joins them still quantized
         merged = kd.rechunk((2, 2, 250, 64)).blocks[0, 0, 1].compute()
+        with pytest.raises(TypeError, match="q is a QuantizedArray"):  # (when called)
+            fd.scaled_dot_product_attention(fastattn.quantize_kv(q), kq, vq)
         assert isinstance(merged, fastattn.QuantizedArray)
         assert np.array_equal(merged.blocks, kq.blocks[:, :, 250:])
 
@@ -326,6 +336,15 @@ def test_quantized_errors(rng):
         sdpa(q[..., :32], kq, vq)
     with pytest.raises(ValueError, match="out must not share memory with k"):
         sdpa(q, kq, vq, out=kq.blocks.reshape(-1)[:1536].view(np.float32).reshape(1, 2, 3, 64))
+    # only k and v take quantized arrays: a mask or another function's input is
+    # refused, not dequantized behind the caller's back
+    with pytest.raises(TypeError, match="attn_mask is a QuantizedArray"):
+        sdpa(q, kq, vq, attn_mask=fastattn.quantize_kv(np.zeros((3, 96))))
+    with pytest.raises(TypeError, match="x is a QuantizedArray"):
+        fastattn.softmax(kq)
+    with pytest.raises(TypeError, match="attn_mask is a QuantizedArray"):
+        fastattn.reference.scaled_dot_product_attention(
+            q, kq, vq, attn_mask=fastattn.quantize_kv(np.zeros((3, 96))))
     do = randn(rng, 1, 2, 3, 64)
     o, lse = sdpa(q, kq.dequantize(), vq.dequantize(), return_lse=True)
     with pytest.raises(TypeError, match="k is a QuantizedArray"):

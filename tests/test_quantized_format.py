@@ -711,3 +711,15 @@ def test_nbytes(fmt):
     assert qa.nbytes == 8 * 1024 * 4 * BYTES[fmt] == math.prod(shape) * BYTES[fmt] // 32
     empty = quantize_kv(np.zeros((0, 64)), fmt)
     assert empty.shape == (0, 64) and empty.blocks.shape == (0, 2 * BYTES[fmt])
+
+
+def test_from_blocks_of_a_quantized_array_and_transpose_none():
+    qa = quantize_kv(np.ones((2, 3, 32), np.float32))
+    with pytest.raises(TypeError, match="QuantizedArray already"):
+        QuantizedArray.from_blocks(qa, "q8_0")
+    assert qa.transpose(None).shape == (3, 2, 32)
+    assert np.array_equal(qa.transpose(None).dequantize(), qa.dequantize().transpose(1, 0, 2))
+    # a QuantizedArray assigned into one of its format: its bytes, as they are
+    other = quantize_kv(np.full((3, 32), 5.0, np.float32))
+    qa[1] = other
+    assert np.array_equal(qa.blocks[1], other.blocks)

@@ -50,14 +50,20 @@ def _format_list() -> str:
     return ", ".join(repr(name) for name in FORMATS)
 
 
-def _as_float32(x: ArrayLike, name: str) -> NDArray[np.float32]:
-    """x as float32, as gguf-py converts before quantizing (ints included)."""
+def _real(x: ArrayLike, name: str) -> NDArray[Any]:
+    """x as an ndarray of real numbers (TypeError naming it else)."""
     try:
         arr = np.asarray(x)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"{name} must be an array of real numbers: {exc}") from None
     if arr.dtype.kind in "cSUMm":
         raise TypeError(f"{name} must be of a real numeric dtype, got {arr.dtype}")
+    return arr
+
+
+def _as_float32(x: ArrayLike, name: str) -> NDArray[np.float32]:
+    """x as float32, as gguf-py converts before quantizing (ints included)."""
+    arr = _real(x, name)
     try:
         # float64 beyond float32's range turns inf here, reported below
         with np.errstate(over="ignore", invalid="ignore"):
@@ -217,7 +223,7 @@ def quantize_kv(x: ArrayLike, format: str = "q8_0") -> "QuantizedArray":
     ValueError
         If `format` is not one of the formats; `x` is 0-d; its last axis is
         not a multiple of 32; it has a NaN or an infinity; or a block's scale
-        overflows float16, which happens for |x| from about 8.32e6
+        overflows float16, which happens for ``abs(x)`` from about 8.32e6
         (65520 * 127) in q8_0 and 5.24e5 (65520 * 8) in q4_0.
 
     See Also
@@ -235,7 +241,7 @@ def quantize_kv(x: ArrayLike, format: str = "q8_0") -> "QuantizedArray":
     nearest even) followed by:
 
     - q8_0: 32 int8 ``q = round(x * id)`` (halves away from zero), where
-      ``d = max|x| / 127`` and ``id = 1 / d`` (0 when d is 0). Value
+      ``d = max(abs(x)) / 127`` and ``id = 1 / d`` (0 when d is 0). Value
       ``q * d``.
     - q4_0: 16 bytes of 4-bit ``q = min(trunc(x * id + 8.5), 15)``, where
       ``d = m / -8``, m the value of largest magnitude (the first one if
@@ -247,7 +253,7 @@ def quantize_kv(x: ArrayLike, format: str = "q8_0") -> "QuantizedArray":
     Note that the scale is the float32 d while the stored one is its float16
     rounding, so both bounds hold up to that rounding (a relative 2**-11).
 
-    A block of |x| below about 3.7e-37 has a 1/d that overflows float32; its
+    A block of ``abs(x)`` below about 3.7e-37 has a 1/d that overflows float32; its
     float16 scale is 0 and its q are stored as 0 (what ggml and gguf-py give
     on x86-64), so its values dequantize to 0.
 
@@ -264,9 +270,18 @@ def quantize_kv(x: ArrayLike, format: str = "q8_0") -> "QuantizedArray":
     >>> bool(err.max() <= np.abs(k).max() / 127 / 2 * 1.001)
     True
     """
+    return quantize_rows(x, format, "x")
+
+
+def quantize_rows(x: ArrayLike, format: str, name: str) -> "QuantizedArray":
+    """quantize_kv(x, format), its errors naming the argument `name`."""
     format = _check_format(format)
-    x32 = _as_float32(x, "x")
-    return QuantizedArray._wrap(_quantize_float32(x32, x, "x", format), format)
+    if isinstance(x, QuantizedArray):
+        if x.format == format:
+            return x
+        x = x.dequantize()
+    x32 = _as_float32(x, name)
+    return QuantizedArray._wrap(_quantize_float32(x32, x, name, format), format)
 
 
 class QuantizedArray:
@@ -335,7 +350,9 @@ class QuantizedArray:
     where NumPy's would be).
 
     Arithmetic and NumPy's ufuncs are refused (TypeError): they would work
-    on dequantized copies. Equality is identity (``==`` is not elementwise):
+    on dequantized copies (NumPy functions that convert their argument with
+    ``np.asarray`` first, ``np.mean`` say, see the dequantized values; fastattn's
+    functions take it as ``k`` and ``v`` only). Equality is identity (``==`` is not elementwise):
     compare ``qa.dequantize()`` or ``qa.blocks``.
 
     Examples
@@ -370,6 +387,9 @@ class QuantizedArray:
 
     def __init__(self, blocks: ArrayLike, format: str) -> None:
         format = _check_format(format)
+        if isinstance(blocks, QuantizedArray):
+            raise TypeError(f"blocks is a QuantizedArray already ({blocks.format}): pass its "
+                            f".blocks (bytes), or the QuantizedArray itself where it is used")
         if isinstance(blocks, bytes):
             arr = np.frombuffer(blocks, dtype=np.uint8)
         else:
@@ -589,16 +609,23 @@ class QuantizedArray:
 
     def __setitem__(self, key: Any, value: ArrayLike) -> None:
         bkey = self._blocks_key(key)
-        target = self._blocks[bkey]  # (a view, or with integer arrays a copy: its shape)
+        # the selection's shape, from an array of no bytes (no copy of the blocks)
+        picked = np.empty(self._blocks.shape[:-1] + (0,), np.uint8)[bkey].shape[:-1]
         if not self._blocks.flags.writeable:
             raise ValueError("the blocks of this QuantizedArray are read-only")
-        shape = target.shape[:-1] + (target.shape[-1] // self._block_bytes * BLOCK_SIZE,)
-        try:
-            arr = np.asarray(value)
-        except (TypeError, ValueError) as exc:
-            raise TypeError(f"value must be an array of real numbers: {exc}") from None
-        if arr.dtype.kind in "cSUMm":
-            raise TypeError(f"value must be of a real numeric dtype, got {arr.dtype}")
+        shape = picked + (self.shape[-1],)
+        if isinstance(value, QuantizedArray) and value.format == self._format:
+            if value.shape[-1] != shape[-1]:
+                raise ValueError(f"value of shape {value.shape} cannot be broadcast to the "
+                                 f"selected shape {shape}")
+            try:  # (its bytes as they are: quantizing its values again could change them)
+                self._blocks[bkey] = np.broadcast_to(value.blocks, picked
+                                                     + value.blocks.shape[-1:])
+            except ValueError:
+                raise ValueError(f"value of shape {value.shape} cannot be broadcast to the "
+                                 f"selected shape {shape}") from None
+            return
+        arr = _real(value, "value")
         try:
             arr = np.broadcast_to(arr, shape)
         except ValueError:
@@ -632,7 +659,9 @@ class QuantizedArray:
         """The view with the leading axes permuted (``numpy.transpose``): `axes`
         a permutation of all axes that keeps the last one last (none: the
         leading axes reversed)."""
-        if len(axes) == 1 and not isinstance(axes[0], (int, np.integer)):
+        if len(axes) == 1 and axes[0] is None:
+            axes = ()
+        elif len(axes) == 1 and not isinstance(axes[0], (int, np.integer)):
             axes = tuple(axes[0])
         lead = self.ndim - 1
         if not axes:

@@ -175,6 +175,9 @@ def as_array(x: Any, name: str) -> np.ndarray:
     A ``numpy.ma.MaskedArray`` is refused (TypeError): its mask would be
     ignored, so that masked entries would count as data.
     """
+    if isinstance(x, QuantizedArray):  # (np.asarray would dequantize it silently)
+        raise TypeError(f"{name} is a QuantizedArray ({x.format}): quantized arrays are taken "
+                        f"for k and v only; pass {name}.dequantize()")
     if isinstance(x, np.ndarray):
         if is_masked_array(x):
             raise TypeError(f"{name} must be a plain array, not a masked array (its mask would "

@@ -469,6 +469,8 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, *, is_causal=False, wi
     if isinstance(split_every, bool) or not isinstance(split_every, (int, np.integer)) \
             or split_every < 2:
         raise ValueError(f"split_every must be an int >= 2, got {split_every!r}")
+    if isinstance(q, QuantizedArray):  # (a task would refuse it only when computed)
+        as_array(q, "q")
     q, k, v = (_as_dask(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v")))
     mask = None if attn_mask is None else _as_dask(attn_mask, "attn_mask")
     ids = None

@@ -43,7 +43,7 @@ import numbers
 import numpy as np
 
 import fastattn
-from fastattn._quant import QuantizedArray
+from fastattn._quant import QuantizedArray, quantize_rows
 from fastattn._attention import PAGE_MULTIPLE, paged_sdpa  # the kernel's in-place paged read
 from fastattn._validate import (_FLOAT32_MAX, _is_torch_tensor, as_array, check_cu_seqlens,
                                 FLASH_ATTN_KEYWORDS, check_out, check_scale, check_softcap,
@@ -1278,7 +1278,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     for cache, name in ((k_cache, "k_cache"), (v_cache, "v_cache")):
         if new_kv and _self_overlapping(_storage(cache)):
             raise ValueError(f"{name}'s positions share memory (a broadcast or expanded view, "
-                             f"strides {cache.strides} for shape {cache.shape}) while k and v "
+                             f"strides {_storage(cache).strides} for shape {cache.shape}) while "
+                             f"k and v "
                              f"are appended: one write would land in several positions")
     paged = block_table is not None
     Hkv = k_cache.shape[2]
@@ -1424,9 +1425,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             where = (np.take_along_axis(table, pos // block_size, axis=1), pos % block_size)
         else:
             where = (rows[:, None], pos)
-        # (cast to the caches' dtypes before anything is written: an overflow
-        # that the caller's warning filters turn into an error stops here)
-        k, v = np.asarray(k, k_cache.dtype), np.asarray(v, v_cache.dtype)
+        # (cast to the caches' dtypes, or quantized for a quantized cache,
+        # before anything is written: an overflow that the caller's warning
+        # filters turn into an error, or a value no block holds, stops here)
+        k, v = (quantize_rows(x, c.format, name) if isinstance(c, QuantizedArray)
+                else np.asarray(x, c.dtype)
+                for x, c, name in ((k, k_cache, "k"), (v, v_cache, "v")))
         # (copies: fancy indexing; a quantized cache's bytes, put back as they were)
         written = (where, _storage(k_cache)[where], _storage(v_cache)[where])
     try:
