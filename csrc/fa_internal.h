@@ -285,8 +285,9 @@ static FA_ALWAYS_INLINE FA_TARGET float fa_load_elem(const void *p, int64_t i, i
 /*
  * Where key tile [j0, j0 + FA_BK) of batch item b starts in k (v: v != 0): a
  * pointer to key row j0, whose rows follow each other a->k_rs (a->v_rs)
- * units apart (elements, or a block format's blocks: fa_dtype_unit). A tile never straddles two pages (block_size is a multiple
- * of the tile, checked in attention.c), so paging costs one look-up per tile.
+ * units apart (elements, or a block format's blocks: fa_dtype_unit). A tile
+ * never straddles two pages (block_size is a multiple of the tile, checked in
+ * attention.c), so paging costs one look-up per tile.
  */
 static inline const void *fa_kv_tile(const fa_attn_args *a, int64_t b, int v, int64_t j0)
 {

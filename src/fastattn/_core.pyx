@@ -468,7 +468,6 @@ cdef object _bfloat16 = None  # ml_dtypes' bfloat16 dtype, once an array of it w
 
 
 cdef object _QuantizedArray = None  # fastattn.QuantizedArray, once the first k or v was seen
-cdef dict _BLOCK_ITEMS = {}  # block bytes -> the dtype of one block as an item
 
 
 cdef int _take_blocks(object x, Py_buffer *view, int64_t *st, int64_t *per) except -2:
@@ -476,11 +475,8 @@ cdef int _take_blocks(object x, Py_buffer *view, int64_t *st, int64_t *per) exce
     block (what _kernel._units passes), the strides in st in blocks, *per the
     elements of a block; its dtype code, else -1, nothing held."""
     cdef Py_ssize_t i, n, s, bb = x.block_bytes
-    item = _BLOCK_ITEMS.get(bb)
-    if item is None:
-        item = _BLOCK_ITEMS[bb] = np.dtype((np.void, bb))
     try:
-        PyObject_GetBuffer(x.blocks.view(item), view, PyBUF_STRIDES)
+        PyObject_GetBuffer(x._items(), view, PyBUF_STRIDES)
     except Exception:
         return -1
     if view.itemsize == bb and 1 <= view.ndim <= 64:
@@ -604,8 +600,8 @@ def sdpa_plain(q, k, v, mask, is_causal, window, scale, enable_gqa, return_lse,
     Applies when q, k and v are aligned numpy.ndarrays (no subclass) of
     native float32 (k and v also float16 or ml_dtypes' bfloat16, read as
     stored: a half-precision KV cache, or fastattn.QuantizedArrays whose
-    strides are whole blocks: a quantized one) with their rows in place (any strides
-    a whole number of elements, the last axis contiguous) and the same number
+    strides are whole blocks: a quantized one) with their rows in place (any
+    strides a whole number of elements, the last axis contiguous) and the same number
     of dimensions >= 2, each of k's and v's leading dimensions equal to q's or 1 (with
     enable_gqa: but for the head axis, where q's heads are a multiple of k's
     = v's), every dimension >= 1, D equal and v's rows those of k; mask None

@@ -69,11 +69,8 @@ def _units(arr: Any) -> np.ndarray:
     array itself, or a QuantizedArray's blocks as one item per block (the
     last axis D // 32 long), which the kernels' bounds are checked in."""
     if isinstance(arr, QuantizedArray):
-        return arr.blocks.view(_BLOCK_ITEM[arr.block_bytes])
+        return arr._items()
     return arr
-
-
-_BLOCK_ITEM = {n: np.dtype((np.void, n)) for n in (18, 34)}  # a block as one item
 
 
 def kv_operand(arr: Any) -> Tuple[np.ndarray, int]:

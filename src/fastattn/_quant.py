@@ -35,6 +35,8 @@ _SCALE_DIVISOR = {"q8_0": 127, "q4_0": 8}
 _F16_OVERFLOW = 65520.0
 
 _LE_F16 = np.dtype("<f2")  # GGUF is little-endian whatever the machine
+# a block as one item: the unit in which the kernels count k's and v's strides
+_BLOCK_ITEM = {bb: np.dtype((np.void, bb)) for bb, _ in FORMATS.values()}
 
 
 def _check_format(format: Any) -> str:
@@ -541,6 +543,11 @@ class QuantizedArray:
         array([-16., -14., -14., -12.], dtype=float32)
         """
         return _dequantize_blocks(self._blocks, self._format)
+
+    def _items(self) -> NDArray[Any]:
+        """The blocks viewed as one item per block, shape (..., D // 32):
+        what the kernels read, their strides in blocks."""
+        return self._blocks.view(_BLOCK_ITEM[self._block_bytes])
 
     def copy(self) -> QuantizedArray:
         """A QuantizedArray of a C-contiguous copy of the blocks."""
