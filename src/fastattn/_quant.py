@@ -616,8 +616,10 @@ class QuantizedArray:
 
     def __setitem__(self, key: Any, value: ArrayLike) -> None:
         bkey = self._blocks_key(key)
-        # the selection's shape, from an array of no bytes (no copy of the blocks)
-        picked = np.empty(self._blocks.shape[:-1] + (0,), np.uint8)[bkey].shape[:-1]
+        # the selection's shape, from a one-byte view of each row (its bounds
+        # checked as the blocks' would be; no copy of the blocks)
+        rows = np.broadcast_to(np.zeros(1, np.uint8), self._blocks.shape[:-1] + (1,))
+        picked = rows[bkey].shape[:-1]
         if not self._blocks.flags.writeable:
             raise ValueError("the blocks of this QuantizedArray are read-only")
         shape = picked + (self.shape[-1],)
