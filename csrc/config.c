@@ -58,22 +58,24 @@ int64_t fa_l2_cache_bytes(void)
  * read and written by any thread (a record, not a lock: each writes a value
  * any of them could). */
 static int64_t fa_busy_until_us = 0;
+/* When the last threaded call ended, likewise (0: none yet). */
+static int64_t fa_team_end_us = 0;
 
-static int64_t busy_get(void)
+static int64_t record_get(const int64_t *r)
 {
 #if defined(__GNUC__) || defined(__clang__)
-    return __atomic_load_n(&fa_busy_until_us, __ATOMIC_RELAXED);
+    return __atomic_load_n(r, __ATOMIC_RELAXED);
 #else
-    return *(volatile int64_t *)&fa_busy_until_us;
+    return *(const volatile int64_t *)r;
 #endif
 }
 
-static void busy_set(int64_t v)
+static void record_set(int64_t *r, int64_t v)
 {
 #if defined(__GNUC__) || defined(__clang__)
-    __atomic_store_n(&fa_busy_until_us, v, __ATOMIC_RELAXED);
+    __atomic_store_n(r, v, __ATOMIC_RELAXED);
 #else
-    *(volatile int64_t *)&fa_busy_until_us = v;
+    *(volatile int64_t *)r = v;
 #endif
 }
 
@@ -88,18 +90,20 @@ double fa_now(void)
 
 void fa_set_busy(double seconds)
 {
-    busy_set(seconds > 0.0 ? (int64_t)((fa_now() + seconds) * 1e6) : 0);
+    record_set(&fa_busy_until_us, seconds > 0.0 ? (int64_t)((fa_now() + seconds) * 1e6) : 0);
 }
 
-void fa_note_wait(double wait)
+void fa_note_wait(double start, double wait)
 {
-    if (wait >= FA_LATE_S)
+    const int64_t prev = record_get(&fa_team_end_us);
+    if (wait >= FA_LATE_S && prev != 0 && start * 1e6 - (double)prev < FA_HOT_S * 1e6)
         fa_set_busy(FA_BUSY_S);
+    record_set(&fa_team_end_us, (int64_t)(fa_now() * 1e6));
 }
 
 int fa_busy(void)
 {
-    const int64_t until = busy_get();
+    const int64_t until = record_get(&fa_busy_until_us);
     return until != 0 && (int64_t)(fa_now() * 1e6) < until;
 }
 

@@ -600,8 +600,12 @@ static inline FA_TARGET float fa_tanhf(float x)
  * FA_BUSY_S), a call below FA_BUSY_WORK units runs on one thread: a thread
  * that is not scheduled holds up the whole call by a scheduler time slice
  * (with three busy processes on two cores, a 0.24 ms call averaged 1.3-1.6
- * ms on two threads, 0.48 ms on one). The thread count never changes a bit
- * of a result.
+ * ms on two threads, 0.48 ms on one). A late thread counts only when the
+ * call began within FA_HOT_S of the last threaded call's end, while the
+ * OpenMP threads still wait awake: after a longer pause they sleep, and
+ * waking one takes over FA_LATE_S on some idle machines (a virtual 2-core
+ * Xeon: after 50 ms idle, 20 calls of 20, after 2 ms none), which is no
+ * sign of load. The thread count never changes a bit of a result.
  *
  * An attention call's work (attention.c's plan_build) is its multiply-adds
  * plus FA_KEY_READ_WORK for each element of a key or value row that a unit
@@ -619,12 +623,11 @@ static inline FA_TARGET float fa_tanhf(float x)
 #define FA_KEY_READ_WORK 4.0
 #define FA_BUSY_WORK 268435456.0 /* ~8 ms on one thread of that EPYC */
 #define FA_LATE_S 0.001
+#define FA_HOT_S 0.002
 #define FA_BUSY_S 0.5
-/* (fa_threads_for, fa_busy and fa_set_busy are in fastattn.h, for the tests.) */
-/* Seconds on a monotonic clock (0 in a build without OpenMP: no threads to time). */
-double fa_now(void);
-/* A threaded call's last thread arrived `wait` seconds after the call began. */
-void fa_note_wait(double wait);
+/* (fa_threads_for, fa_busy, fa_set_busy, fa_note_wait and fa_now -- seconds
+ * on a monotonic clock, 0 in a build without OpenMP -- are in fastattn.h, for
+ * the tests.) */
 
 /* attention.c's shared pieces: the argument checks of every entry point
  * (weights: the output is the L x S weights and v is not read; with_lse: lse

@@ -19,7 +19,7 @@
 #include <immintrin.h>
 #endif
 
-static double fa_now(void)
+static double peak_now(void)
 {
 #ifdef _OPENMP
     return omp_get_wtime();
@@ -80,12 +80,12 @@ double fa_fma_peak_gflops(int lanes, int nthreads, long iters)
         return -1.0;
     if (lanes != 8 && lanes != 16)
         return -1.0;
-    t0 = fa_now();
+    t0 = peak_now();
 #ifdef _OPENMP
 #pragma omp parallel num_threads(nthreads) reduction(+ : sink)
 #endif
     sink += lanes == 8 ? fa_peak_chains8(iters) : fa_peak_chains16(iters);
-    t = fa_now() - t0;
+    t = peak_now() - t0;
 #ifndef _OPENMP
     nthreads = 1;
 #endif

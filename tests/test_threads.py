@@ -10,6 +10,7 @@ or heads of the call."""
 import os
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -373,6 +374,25 @@ def test_a_loaded_machine_runs_small_calls_on_one_thread(idle_policy):
     assert _core.threads_for(2, BUSY_WORK - 1, 100) == 1
     assert _core.threads_for(2, BUSY_WORK, 100) == 2  # a call long enough to gain anyway
     _core.set_machine_busy(0)
+    assert not _core.machine_busy()
+
+
+def test_a_late_thread_counts_only_while_the_threads_are_awake(idle_policy):
+    # A thread late to a call that follows the last one closely was kept off
+    # its core: the machine is loaded. After a pause the threads sleep, and
+    # waking one may take as long on an idle machine: that is not counted.
+    t = _core.clock()
+    if t == 0.0:
+        pytest.skip("a build without OpenMP has no threads to time")
+    _core.note_wait(t, 0.0)                   # a threaded call ends now
+    _core.note_wait(_core.clock(), 0.0005)    # the next, its thread on time
+    assert not _core.machine_busy()
+    _core.note_wait(_core.clock(), 0.005)     # the next, its thread 5 ms late
+    assert _core.machine_busy()
+    _core.set_machine_busy(0)
+    _core.note_wait(_core.clock(), 0.0)
+    time.sleep(0.05)
+    _core.note_wait(_core.clock(), 0.005)     # 5 ms late after 50 ms idle
     assert not _core.machine_busy()
 
 

@@ -872,6 +872,18 @@ def set_machine_busy(double seconds):
     fa_set_busy(seconds)
 
 
+def note_wait(double start, double wait):
+    """Record, as a threaded call does when it ends, that a call which began
+    at `start` (seconds of clock()) had its last thread `wait` seconds late
+    (for the tests)."""
+    fa_note_wait(start, wait)
+
+
+def clock():
+    """The thread policy's clock, in seconds (0.0 in a build without OpenMP)."""
+    return fa_now()
+
+
 def l2_cache_bytes():
     """A core's level-2 cache in bytes as the work units are planned for it
     (sysconf; 1 MiB where it does not say)."""
