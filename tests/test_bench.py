@@ -54,6 +54,19 @@ def test_peers_compute_what_fastattn_computes(impl, prob):
         check_peer(impl, r[0](), want, prob)  # (what the bench checks before timing)
 
 
+def test_onnxruntime_softmax_computes_fastattn_softmax():
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    from fastattn._bench import onnxruntime_softmax
+
+    x = np.random.default_rng(0).standard_normal((5, 37)).astype(np.float32) * 30
+    want = fastattn.softmax(x)
+    np.testing.assert_allclose(onnxruntime_softmax(x, 1)(), want, rtol=1e-5, atol=1e-7)
+    out = np.zeros_like(x)
+    assert onnxruntime_softmax(x, 1, out)() is out
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-7)
+
+
 def test_a_peer_that_computes_something_else_is_refused():
     prob = Problem(1, 2, 2, 3, 5, 8, causal=True)
     q, k, v, _ = prob.inputs()

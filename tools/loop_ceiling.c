@@ -108,7 +108,7 @@ static FA_TARGET void time_loops(int64_t D, long reps, double t[3])
     for (which = 0; which < 3; which++) {
         t[which] = 1e30;
         for (run = 0; run < 5; run++) {
-            const double t0 = fa_now();
+            const double t0 = peak_now();
             double dt;
             long r;
             for (r = 0; r < reps; r++) {
@@ -120,7 +120,7 @@ static FA_TARGET void time_loops(int64_t D, long reps, double t[3])
                 else
                     CEIL(gemm)(b.pt, 1, ROWS, 1, b.v, D, ROWS, D, nk, b.acc, D, b.alpha, 1.0f);
             }
-            dt = (fa_now() - t0) / (double)reps;
+            dt = (peak_now() - t0) / (double)reps;
             t[which] = dt < t[which] ? dt : t[which];
         }
     }
@@ -140,7 +140,7 @@ static FA_TARGET double time_walk(int64_t D, int64_t tiles)
     int64_t t;
     int run;
     for (run = 0; run < 5; run++) {
-        const double t0 = fa_now();
+        const double t0 = peak_now();
         double dt;
         for (t = 0; t < tiles; t++) {
             const float *kt = b.k + t * FA_BK * D, *vt = b.v + t * FA_BK * D;
@@ -149,7 +149,7 @@ static FA_TARGET double time_walk(int64_t D, int64_t tiles)
             sink += CEIL(qt_exp)(b.pt, ROWS, ROWS, b.m, b.sum, FA_BK);
             CEIL(gemm)(b.pt, 1, ROWS, 1, vt, D, ROWS, D, FA_BK, b.acc, D, b.alpha, 1.0f);
         }
-        dt = (fa_now() - t0) / (double)tiles;
+        dt = (peak_now() - t0) / (double)tiles;
         best = dt < best ? dt : best;
     }
     (void)sink;
