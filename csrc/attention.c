@@ -1005,7 +1005,7 @@ static int plan_run(const fa_plan *pl, const fa_op *op, const fa_outputs *o, int
             scratch_free(&w);
     }
     if (nt > 1)
-        fa_note_wait(start, last - start);
+        fa_note_wait(start, last - start, nt);
     return status;
 }
 

@@ -6,6 +6,8 @@
 #include "fastattn.h"
 #include "fa_internal.h"
 
+#include <stdio.h>
+
 #if defined(__unix__) || defined(__APPLE__)
 #include <unistd.h>
 #endif
@@ -93,11 +95,37 @@ void fa_set_busy(double seconds)
     record_set(&fa_busy_until_us, seconds > 0.0 ? (int64_t)((fa_now() + seconds) * 1e6) : 0);
 }
 
-void fa_note_wait(double start, double wait)
+/* 1 where other threads keep this process's cores busy now: on Linux, the
+ * threads running or waiting to run (/proc/loadavg's fourth field, less the
+ * nt of the call just ended, whose threads still spin) fill every core the
+ * process may use; elsewhere (no such count) 1, a late thread's word taken
+ * as it stands. */
+static int others_fill_the_cores(int nt)
+{
+#if defined(__linux__) && defined(_OPENMP)
+    int running = 0;
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (!f)
+        return 1;
+    if (fscanf(f, "%*f %*f %*f %d/", &running) != 1)
+        running = 1 + omp_get_num_procs();
+    fclose(f);
+    return running - nt >= omp_get_num_procs();
+#else
+    (void)nt;
+    return 1;
+#endif
+}
+
+void fa_note_wait(double start, double wait, int nt)
 {
     const int64_t prev = record_get(&fa_team_end_us);
-    if (wait >= FA_LATE_S && prev != 0 && start * 1e6 - (double)prev < FA_HOT_S * 1e6)
-        fa_set_busy(FA_BUSY_S);
+    if (wait >= FA_LATE_S && prev != 0) {
+        /* while the threads still wait awake, a late one was kept off its
+         * core; after a pause it may only have been slow to wake */
+        if (start * 1e6 - (double)prev < FA_HOT_S * 1e6 || others_fill_the_cores(nt))
+            fa_set_busy(FA_BUSY_S);
+    }
     record_set(&fa_team_end_us, (int64_t)(fa_now() * 1e6));
 }
 

@@ -600,12 +600,18 @@ static inline FA_TARGET float fa_tanhf(float x)
  * FA_BUSY_S), a call below FA_BUSY_WORK units runs on one thread: a thread
  * that is not scheduled holds up the whole call by a scheduler time slice
  * (with three busy processes on two cores, a 0.24 ms call averaged 1.3-1.6
- * ms on two threads, 0.48 ms on one). A late thread counts only when the
- * call began within FA_HOT_S of the last threaded call's end, while the
- * OpenMP threads still wait awake: after a longer pause they sleep, and
- * waking one takes over FA_LATE_S on some idle machines (a virtual 2-core
- * Xeon: after 50 ms idle, 20 calls of 20, after 2 ms none), which is no
- * sign of load. The thread count never changes a bit of a result.
+ * ms on two threads, 0.48 ms on one). Only attention calls (plan_run) time
+ * their threads. A late thread counts when the call began within FA_HOT_S
+ * of the last such call's end, while the OpenMP threads still wait awake
+ * (GNU libgomp's spin for some milliseconds); after a longer pause they
+ * sleep, and waking one takes over FA_LATE_S on some idle machines (a
+ * virtual 2-core Xeon: after 50 ms idle, 18-20 calls of 20; after 2 ms
+ * none), so there it counts only where other threads fill the cores (Linux:
+ * /proc/loadavg's running threads, less the call's own, at least the cores
+ * the process may use; elsewhere always). With two busy processes on those
+ * two cores and a 3 ms pause before each decoding call, the calls were
+ * counted loaded 99 % of the time. The thread count never changes a bit of
+ * a result.
  *
  * An attention call's work (attention.c's plan_build) is its multiply-adds
  * plus FA_KEY_READ_WORK for each element of a key or value row that a unit

@@ -250,9 +250,9 @@ double fa_fma_peak_gflops(int lanes, int nthreads, long iters);
 int fa_threads_for(int nthreads, double work, int64_t nitems);
 int fa_busy(void);
 void fa_set_busy(double seconds);
-/* A threaded call that began at `start` (fa_now(), seconds) has ended, its
- * last thread `wait` seconds after it began: the record the rule reads. */
-void fa_note_wait(double start, double wait);
+/* A call on nt threads that began at `start` (fa_now(), seconds) has ended,
+ * its last thread `wait` seconds after it began: the record the rule reads. */
+void fa_note_wait(double start, double wait, int nt);
 double fa_now(void);
 
 /* Build and runtime facts for show_config(). */

@@ -94,7 +94,7 @@ cdef extern from "fastattn.h" nogil:
     int fa_threads_for(int nthreads, double work, int64_t nitems)
     int fa_busy()
     void fa_set_busy(double seconds)
-    void fa_note_wait(double start, double wait)
+    void fa_note_wait(double start, double wait, int nt)
     double fa_now()
     int fa_built_with_openmp()
     int fa_omp_max_threads()

@@ -862,7 +862,9 @@ def threads_for(int nthreads, double work, int64_t nitems):
 
 def machine_busy():
     """True while the thread policy counts the machine as loaded: a threaded
-    call's thread arrived late within the last half second."""
+    attention call's thread arrived late within the last half second, while
+    the threads were awake or other threads filled the cores
+    (csrc/fa_internal.h)."""
     return bool(fa_busy())
 
 
@@ -872,11 +874,11 @@ def set_machine_busy(double seconds):
     fa_set_busy(seconds)
 
 
-def note_wait(double start, double wait):
-    """Record, as a threaded call does when it ends, that a call which began
-    at `start` (seconds of clock()) had its last thread `wait` seconds late
-    (for the tests)."""
-    fa_note_wait(start, wait)
+def note_wait(double start, double wait, int nthreads=2):
+    """Record, as a threaded call does when it ends, that a call on `nthreads`
+    threads which began at `start` (seconds of clock()) had its last thread
+    `wait` seconds late (for the tests)."""
+    fa_note_wait(start, wait, nthreads)
 
 
 def clock():
