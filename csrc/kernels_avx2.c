@@ -399,9 +399,38 @@ static FA_TARGET void FA_NAME(few_scores)(const float *q, int64_t nr, const void
 #undef FA_DTYPE_CALL
 }
 
+/* Eight elements e .. e + 7 (e a multiple of 8) from `at` of dtype dt (a
+ * constant at each call) as float32: load8_avx2's, or (at: a block of a
+ * block format, e counted from its start) block8_at_avx2's. */
+static FA_ALWAYS_INLINE FA_TARGET __m256 load8_at_avx2(const char *at, int64_t e, int dt)
+{
+    if (fa_dtype_block(dt) > 1)
+        return block8_at_avx2((const unsigned char *)at, e, dt);
+    return load8_avx2(at + e * fa_dtype_unit(dt), dt);
+}
+
+/* Fetches ahead (fa_prefetch_rows) what a pass reads from element e of
+ * `at` (as load8_at_avx2) where e is column col of its row and col starts a
+ * line of elements, or a block (its first and last byte, which may lie in
+ * two lines). */
+static FA_ALWAYS_INLINE FA_TARGET void prefetch_at_avx2(const char *at, int64_t e, int64_t col,
+                                                        int dt, int64_t ahead, int contig)
+{
+    const int64_t ub = fa_dtype_unit(dt);
+    if (fa_dtype_block(dt) > 1) {
+        if (col % 32 == 0) {
+            fa_prefetch_rows(at + e / 32 * ub, ahead, contig);
+            fa_prefetch_rows(at + e / 32 * ub + ub - 1, ahead, contig);
+        }
+    } else if ((col * ub & 63) == 0) {
+        fa_prefetch_rows(at + e * ub, ahead, contig);
+    }
+}
+
 /* tile[r * Dvp + c] = sum over jj < nk of p[r * FA_BK + jj] v[jj * ld + c] for
- * the nr rows, the value rows read in place (ld elements of dtype dt apart,
- * Dvp of them a row, converted by load8_avx2): gemm_block_avx2's sum, one
+ * the nr rows, the value rows read in place (ld units of dtype dt apart --
+ * elements, or a block format's blocks --, Dvp elements a row, converted by
+ * load8_at_avx2): gemm_block_avx2's sum, one
  * fused multiply-add per key, jj ascending from 0 (from: going on from the
  * tile's value, as microkernels.h's few_pv). Each accumulator is one chain
  * of nk dependent multiply-adds, so a pass takes nv registers (8 nv columns)
@@ -416,8 +445,8 @@ static FA_ALWAYS_INLINE FA_TARGET void few_pv_cols_avx2(const float *p, const in
                                                         int64_t Dvp, int64_t c, int64_t nk,
                                                         int64_t ahead, int from, float *tile)
 {
-    const int64_t esz = (int64_t)fa_dtype_size(dt);
-    const int contig = ld == Dvp;
+    const int64_t ub = fa_dtype_unit(dt), bk = fa_dtype_block(dt);
+    const int contig = ld == Dvp / bk;
     __m256 acc[FA_FEW_ROWS * 8];
     int64_t jj;
     int r, i;
@@ -426,15 +455,15 @@ static FA_ALWAYS_INLINE FA_TARGET void few_pv_cols_avx2(const float *p, const in
             acc[r * nv + i] = from ? _mm256_loadu_ps(tile + r * Dvp + c + 8 * i)
                                    : _mm256_setzero_ps();
     for (jj = 0; jj < nk; jj++) {
-        const char *vr = (const char *)v + (jj * ld + c) * esz;
+        const char *vr = (const char *)v + (jj * ld + c / bk) * ub; /* c's unit */
         __m256 pr[FA_FEW_ROWS];
-        for (i = 0; i < nv; i += 2)
-            if (ahead && ((c + 8 * i) * esz & 63) == 0)
-                fa_prefetch_rows(vr + 8 * i * esz, ahead, contig);
+        if (ahead) /* (a line holds two registers' elements at most; a block may start at any) */
+            for (i = 0; i < nv; i += bk > 1 ? 1 : 2)
+                prefetch_at_avx2(vr, c % bk + 8 * i, c + 8 * i, dt, ahead, contig);
         for (r = 0; r < nr; r++)
             pr[r] = _mm256_broadcast_ss(p + r * FA_BK + jj);
         for (i = 0; i < nv; i++) { /* (one value register live at a time) */
-            const __m256 x = load8_avx2(vr + 8 * i * esz, dt);
+            const __m256 x = load8_at_avx2(vr, c % bk + 8 * i, dt);
             for (r = 0; r < nr; r++)
                 acc[r * nv + i] = _mm256_fmadd_ps(pr[r], x, acc[r * nv + i]);
         }
@@ -464,7 +493,7 @@ static FA_ALWAYS_INLINE FA_TARGET void few_pv_dt_avx2(const float *p, int64_t nr
                                                       int64_t nk, int64_t room, int from,
                                                       float *tile)
 {
-    const int64_t ahead = fa_ahead(room, ld, Dvp, (int64_t)fa_dtype_size(dt));
+    const int64_t ahead = fa_ahead(room, ld, Dvp / fa_dtype_block(dt), fa_dtype_unit(dt));
     for (; nr > 6; nr -= 4, p += 4 * FA_BK, tile += 4 * Dvp) /* twelve accumulators at most */
         few_pv_n_avx2(p, 4, v, dt, ld, Dvp, nk, ahead, from, tile);
 #define FA_CALL(n) few_pv_n_avx2(p, n, v, dt, ld, Dvp, nk, ahead, from, tile)
@@ -477,9 +506,9 @@ static FA_TARGET void FA_NAME(few_pv)(const float *p, int64_t nr, const void *v,
                                       int from, float *tile)
 {
     if (dt == FA_DTYPE_Q8_0)
-        few_pv_bdt_avx2(p, nr, v, FA_DTYPE_Q8_0, ld, Dvp, nk, room, from, tile);
+        few_pv_dt_avx2(p, nr, v, FA_DTYPE_Q8_0, ld, Dvp, nk, room, from, tile);
     else if (dt == FA_DTYPE_Q4_0)
-        few_pv_bdt_avx2(p, nr, v, FA_DTYPE_Q4_0, ld, Dvp, nk, room, from, tile);
+        few_pv_dt_avx2(p, nr, v, FA_DTYPE_Q4_0, ld, Dvp, nk, room, from, tile);
 #define FA_DTYPE_CALL(t) few_pv_dt_avx2(p, nr, v, t, ld, Dvp, nk, room, from, tile)
     FA_DTYPE_SWITCH(dt)
 #undef FA_DTYPE_CALL

@@ -565,7 +565,7 @@ static FA_ALWAYS_INLINE FA_TARGET __m128i block_ints16_avx512(const unsigned cha
 }
 
 /* P.V over rows of blocks, nv registers (16 nv columns, whole halves of
- * blocks) a row: x86_blocks.h's few_pv_bcols_avx2 in sixteen lanes. */
+ * blocks) a row: kernels_avx2.c's few_pv_cols_avx2 over blocks, in sixteen lanes. */
 static FA_ALWAYS_INLINE FA_TARGET void few_pv_bcols_avx512(const float *p, const int nr,
                                                           const int nv, const void *v,
                                                           const int dt, int64_t ld, int64_t Dvp,

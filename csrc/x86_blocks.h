@@ -1,7 +1,8 @@
 /*
  * x86_blocks.h -- the few-rows (decoding) kernels over the block formats
  * (dtypes.h's q8_0 and q4_0) in eight lanes, which kernels_avx2.c calls from
- * its few_scores and few_pv for those formats (FA_HAVE_FEW_BLOCKS);
+ * its few_scores for those formats (FA_HAVE_FEW_BLOCKS), and the block
+ * columns its few_pv reads (block8_at_avx2);
  * kernels_avx512.c compiles the same block loads (block_ints8_avx2,
  * block_scales8_avx2) for its sixteen-lane versions. Each element is converted in registers to exactly the float32
  * that fa_block_row gives (its integer, converted, times its block's scale,
@@ -117,73 +118,16 @@ static FA_ALWAYS_INLINE FA_TARGET void few_scores_bdt_avx2(const float *q, int64
 #undef FA_CALL
 }
 
-/* few_pv_cols_avx2 over rows of blocks (ld blocks apart): the same products,
- * each value converted as block_ints8_avx2 and its row's scale give it. */
-static FA_ALWAYS_INLINE FA_TARGET void few_pv_bcols_avx2(const float *p, const int nr,
-                                                        const int nv, const void *v, const int dt,
-                                                        int64_t ld, int64_t Dvp, int64_t c,
-                                                        int64_t nk, int64_t ahead, int from,
-                                                        float *tile)
+/* Eight elements col .. col + 7 (col a multiple of 8) of a row of blocks
+ * at `row` as float32: their integers times their block's scale, the values
+ * fa_block_row gives. */
+static FA_ALWAYS_INLINE FA_TARGET __m256 block8_at_avx2(const unsigned char *row, int64_t col,
+                                                       int dt)
 {
-    const int64_t bb = fa_dtype_unit(dt);
-    const int contig = ld == Dvp / 32;
-    __m256 acc[FA_FEW_ROWS * 8];
-    int64_t jj;
-    int r, i;
-    for (r = 0; r < nr; r++)
-        for (i = 0; i < nv; i++)
-            acc[r * nv + i] = from ? _mm256_loadu_ps(tile + r * Dvp + c + 8 * i)
-                                   : _mm256_setzero_ps();
-    for (jj = 0; jj < nk; jj++) {
-        const unsigned char *vr = (const unsigned char *)v + jj * ld * bb;
-        __m256 pr[FA_FEW_ROWS];
-        for (i = 0; i < nv; i++) /* each block this pass starts: its first and last byte */
-            if (ahead && (c + 8 * i) % 32 == 0) {
-                fa_prefetch_rows(vr + (c + 8 * i) / 32 * bb, ahead, contig);
-                fa_prefetch_rows(vr + (c + 8 * i) / 32 * bb + bb - 1, ahead, contig);
-            }
-        for (r = 0; r < nr; r++)
-            pr[r] = _mm256_broadcast_ss(p + r * FA_BK + jj);
-        for (i = 0; i < nv; i++) { /* (one value register live at a time) */
-            const unsigned char *blk = vr + (c + 8 * i) / 32 * bb;
-            const __m256 sc = _mm256_set1_ps(_cvtsh_ss((unsigned short)(blk[0] | (blk[1] << 8))));
-            const __m256 x = _mm256_mul_ps(
-                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(block_ints8_avx2(blk, (c + 8 * i) % 32, dt))),
-                sc);
-            for (r = 0; r < nr; r++)
-                acc[r * nv + i] = _mm256_fmadd_ps(pr[r], x, acc[r * nv + i]);
-        }
-    }
-    for (r = 0; r < nr; r++)
-        for (i = 0; i < nv; i++)
-            _mm256_storeu_ps(tile + r * Dvp + c + 8 * i, acc[r * nv + i]);
-}
-
-static FA_ALWAYS_INLINE FA_TARGET void few_pv_bn_avx2(const float *p, const int nr, const void *v,
-                                                      const int dt, int64_t ld, int64_t Dvp,
-                                                      int64_t nk, int64_t ahead, int from,
-                                                      float *tile)
-{
-    /* as few_pv_n_avx2 (Dvp: whole blocks of 32) */
-    const int nv = nr == 1 ? 8 : 2;
-    int64_t c = 0;
-    for (; c + 8 * nv <= Dvp; c += 8 * nv)
-        few_pv_bcols_avx2(p, nr, nv, v, dt, ld, Dvp, c, nk, ahead, from, tile);
-    for (; c < Dvp; c += 16)
-        few_pv_bcols_avx2(p, nr, 2, v, dt, ld, Dvp, c, nk, ahead, from, tile);
-}
-
-static FA_ALWAYS_INLINE FA_TARGET void few_pv_bdt_avx2(const float *p, int64_t nr, const void *v,
-                                                       const int dt, int64_t ld, int64_t Dvp,
-                                                       int64_t nk, int64_t room, int from,
-                                                       float *tile)
-{
-    const int64_t ahead = fa_ahead(room, ld, Dvp / 32, fa_dtype_unit(dt));
-    for (; nr > 6; nr -= 4, p += 4 * FA_BK, tile += 4 * Dvp) /* twelve accumulators at most */
-        few_pv_bn_avx2(p, 4, v, dt, ld, Dvp, nk, ahead, from, tile);
-#define FA_CALL(n) few_pv_bn_avx2(p, n, v, dt, ld, Dvp, nk, ahead, from, tile)
-    FA_CONST_ROWS6(nr, FA_CALL)
-#undef FA_CALL
+    const unsigned char *blk = row + col / 32 * fa_dtype_unit(dt);
+    const __m256 sc = _mm256_set1_ps(_cvtsh_ss((unsigned short)(blk[0] | (blk[1] << 8))));
+    return _mm256_mul_ps(
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(block_ints8_avx2(blk, col % 32, dt))), sc);
 }
 
 #endif /* FA_X86_BLOCKS_H */
