@@ -363,18 +363,50 @@ static FA_ALWAYS_INLINE FA_TARGET __m512 load16_avx512(const void *p, int dt)
     return cvt16_avx512(_mm256_loadu_si256((const __m256i *)p), dt);
 }
 
+/* Sixteen integers of a block (elements e .. e + 15, e 0 or 16) as signed
+ * bytes: q8_0's as stored; q4_0's nibbles (low ones for e = 0) less 8. */
+static FA_ALWAYS_INLINE FA_TARGET __m128i block_ints16_avx512(const unsigned char *blk,
+                                                             int64_t e, int dt)
+{
+    if (dt == FA_DTYPE_Q8_0)
+        return _mm_loadu_si128((const __m128i *)(blk + 2 + e));
+    {
+        __m128i x = _mm_loadu_si128((const __m128i *)(blk + 2));
+        if (e >= 16)
+            x = _mm_srli_epi16(x, 4);
+        return _mm_sub_epi8(_mm_and_si128(x, _mm_set1_epi8(15)), _mm_set1_epi8(8));
+    }
+}
+
+/* Sixteen elements e .. e + 15 (e a multiple of 16) from `at` of dtype dt
+ * (a constant at each call) as float32: load16_avx512's, or (at: a block of
+ * a block format, e counted from its start) its integers times its scale,
+ * the values fa_block_row gives. */
+static FA_ALWAYS_INLINE FA_TARGET __m512 load16_at_avx512(const char *at, int64_t e, int dt)
+{
+    if (fa_dtype_block(dt) > 1) {
+        const unsigned char *blk = (const unsigned char *)at + e / 32 * fa_dtype_unit(dt);
+        const __m512 sc = _mm512_set1_ps(_cvtsh_ss((unsigned short)(blk[0] | (blk[1] << 8))));
+        return _mm512_mul_ps(
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(block_ints16_avx512(blk, e % 32, dt))), sc);
+    }
+    return load16_avx512(at + e * fa_dtype_unit(dt), dt);
+}
+
 /* The few-rows P.V (microkernels.h's few_pv; the AVX2 one's sum, one fused
  * multiply-add per key, jj ascending from 0, for each element) in 16-lane
  * registers, W of them a row: columns [c, c + 16 W) of the nr rows over the
- * keys, the value rows read in place (ld elements of dtype dt apart); the
- * lines `ahead` bytes past those read are fetched ahead (0: none). */
+ * keys, the value rows read in place (ld units of dtype dt apart: elements,
+ * or a block format's blocks, converted by load16_at_avx512); the lines
+ * `ahead` bytes past those read are fetched ahead (0: none): a block's
+ * first and last byte, for each block a pass starts. */
 static FA_ALWAYS_INLINE FA_TARGET void few_pv_block_avx512(const float *p, const int nr,
                                                            const int W, const void *v,
                                                            const int dt, int64_t ld, int64_t c,
                                                            int64_t Dvp, int64_t nk,
                                                            int64_t ahead, int from, float *tile)
 {
-    const int64_t esz = (int64_t)fa_dtype_size(dt);
+    const int64_t ub = fa_dtype_unit(dt), bk = fa_dtype_block(dt);
     /* bfloat16, 64 columns: a 32-bit lane of a 64-byte load holds two
      * elements, the even column its low half (shifted up), the odd one its
      * high half (the low bits cleared): vx[2 h] holds columns c + 32 h + 2 l,
@@ -403,7 +435,7 @@ static FA_ALWAYS_INLINE FA_TARGET void few_pv_block_avx512(const float *p, const
                                  : _mm512_setzero_ps();
     }
     for (jj = 0; jj < nk; jj++) {
-        const char *vr = (const char *)v + (jj * ld + c) * esz;
+        const char *vr = (const char *)v + (jj * ld + c / bk) * ub; /* c's unit */
         __m512 vx[4];
         if (split) {
             const __m512i hi16 = _mm512_set1_epi32((int)0xFFFF0000u);
@@ -414,11 +446,19 @@ static FA_ALWAYS_INLINE FA_TARGET void few_pv_block_avx512(const float *p, const
             }
         } else {
             for (x = 0; x < W; x++)
-                vx[x] = load16_avx512(vr + 16 * x * esz, dt);
+                vx[x] = load16_at_avx512(vr, c % bk + 16 * x, dt);
         }
-        if (ahead)
-            for (b = 0; b < 16 * W * esz; b += 64)
+        if (ahead && bk > 1) {
+            for (x = 0; x < W; x++)
+                if ((c + 16 * x) % 32 == 0) {
+                    const char *blk = vr + (c % bk + 16 * x) / 32 * ub;
+                    fa_prefetch_rows(blk, ahead, ld == Dvp / bk);
+                    fa_prefetch_rows(blk + ub - 1, ahead, ld == Dvp / bk);
+                }
+        } else if (ahead) {
+            for (b = 0; b < 16 * W * ub; b += 64)
                 fa_prefetch_rows(vr, ahead + b, ld == Dvp);
+        }
         for (r = 0; r < nr; r++) {
             const __m512 pr = _mm512_set1_ps(p[r * FA_BK + jj]);
             for (x = 0; x < W; x++)
@@ -462,7 +502,7 @@ static FA_ALWAYS_INLINE FA_TARGET void few_pv_dt_avx512(const float *p, int64_t 
                                                         float *tile)
 {
     /* the value rows of the tile that follows, where they do, are fetched ahead */
-    const int64_t ahead = fa_ahead(room, ld, Dvp, (int64_t)fa_dtype_size(dt));
+    const int64_t ahead = fa_ahead(room, ld, Dvp / fa_dtype_block(dt), fa_dtype_unit(dt));
     for (; nr > 6; nr -= 4, p += 4 * FA_BK, tile += 4 * Dvp)
         few_pv_n_avx512(p, 4, v, dt, ld, Dvp, nk, ahead, from, tile);
 #define FA_CALL(n) few_pv_n_avx512(p, n, v, dt, ld, Dvp, nk, ahead, from, tile)
@@ -549,98 +589,13 @@ static FA_ALWAYS_INLINE FA_TARGET void few_scores_bdt_avx512(const float *q, int
 #undef FA_CALL
 }
 
-/* Sixteen integers of a block (elements e .. e + 15, e 0 or 16) as signed
- * bytes: q8_0's as stored; q4_0's nibbles (low ones for e = 0) less 8. */
-static FA_ALWAYS_INLINE FA_TARGET __m128i block_ints16_avx512(const unsigned char *blk,
-                                                             int64_t e, int dt)
-{
-    if (dt == FA_DTYPE_Q8_0)
-        return _mm_loadu_si128((const __m128i *)(blk + 2 + e));
-    {
-        __m128i x = _mm_loadu_si128((const __m128i *)(blk + 2));
-        if (e >= 16)
-            x = _mm_srli_epi16(x, 4);
-        return _mm_sub_epi8(_mm_and_si128(x, _mm_set1_epi8(15)), _mm_set1_epi8(8));
-    }
-}
-
-/* P.V over rows of blocks, nv registers (16 nv columns, whole halves of
- * blocks) a row: kernels_avx2.c's few_pv_cols_avx2 over blocks, in sixteen lanes. */
-static FA_ALWAYS_INLINE FA_TARGET void few_pv_bcols_avx512(const float *p, const int nr,
-                                                          const int nv, const void *v,
-                                                          const int dt, int64_t ld, int64_t Dvp,
-                                                          int64_t c, int64_t nk, int64_t ahead,
-                                                          int from, float *tile)
-{
-    const int64_t bb = fa_dtype_unit(dt);
-    const int contig = ld == Dvp / 32;
-    __m512 acc[FA_FEW_ROWS * 4];
-    int64_t jj;
-    int r, i;
-    for (r = 0; r < nr; r++)
-        for (i = 0; i < nv; i++)
-            acc[r * nv + i] = from ? _mm512_loadu_ps(tile + r * Dvp + c + 16 * i)
-                                   : _mm512_setzero_ps();
-    for (jj = 0; jj < nk; jj++) {
-        const unsigned char *vr = (const unsigned char *)v + jj * ld * bb;
-        __m512 pr[FA_FEW_ROWS];
-        for (i = 0; i < nv; i++) /* each block this pass starts: its first and last byte */
-            if (ahead && (c + 16 * i) % 32 == 0) {
-                fa_prefetch_rows(vr + (c + 16 * i) / 32 * bb, ahead, contig);
-                fa_prefetch_rows(vr + (c + 16 * i) / 32 * bb + bb - 1, ahead, contig);
-            }
-        for (r = 0; r < nr; r++)
-            pr[r] = _mm512_set1_ps(p[r * FA_BK + jj]);
-        for (i = 0; i < nv; i++) {
-            const unsigned char *blk = vr + (c + 16 * i) / 32 * bb;
-            const __m512 sc = _mm512_set1_ps(_cvtsh_ss((unsigned short)(blk[0] | (blk[1] << 8))));
-            const __m512 x = _mm512_mul_ps(
-                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                    block_ints16_avx512(blk, (c + 16 * i) % 32, dt))),
-                sc);
-            for (r = 0; r < nr; r++)
-                acc[r * nv + i] = _mm512_fmadd_ps(pr[r], x, acc[r * nv + i]);
-        }
-    }
-    for (r = 0; r < nr; r++)
-        for (i = 0; i < nv; i++)
-            _mm512_storeu_ps(tile + r * Dvp + c + 16 * i, acc[r * nv + i]);
-}
-
-static FA_ALWAYS_INLINE FA_TARGET void few_pv_bn_avx512(const float *p, const int nr,
-                                                        const void *v, const int dt, int64_t ld,
-                                                        int64_t Dvp, int64_t nk, int64_t ahead,
-                                                        int from, float *tile)
-{
-    /* one row: 4 registers (64 columns) a pass; more: 2 (Dvp: whole blocks of 32) */
-    const int nv = nr == 1 ? 4 : 2;
-    int64_t c = 0;
-    for (; c + 16 * nv <= Dvp; c += 16 * nv)
-        few_pv_bcols_avx512(p, nr, nv, v, dt, ld, Dvp, c, nk, ahead, from, tile);
-    for (; c < Dvp; c += 32)
-        few_pv_bcols_avx512(p, nr, 2, v, dt, ld, Dvp, c, nk, ahead, from, tile);
-}
-
-static FA_ALWAYS_INLINE FA_TARGET void few_pv_bdt_avx512(const float *p, int64_t nr,
-                                                         const void *v, const int dt, int64_t ld,
-                                                         int64_t Dvp, int64_t nk, int64_t room,
-                                                         int from, float *tile)
-{
-    const int64_t ahead = fa_ahead(room, ld, Dvp / 32, fa_dtype_unit(dt));
-    for (; nr > 6; nr -= 4, p += 4 * FA_BK, tile += 4 * Dvp)
-        few_pv_bn_avx512(p, 4, v, dt, ld, Dvp, nk, ahead, from, tile);
-#define FA_CALL(n) few_pv_bn_avx512(p, n, v, dt, ld, Dvp, nk, ahead, from, tile)
-    FA_CONST_ROWS6(nr, FA_CALL)
-#undef FA_CALL
-}
-
 static FA_TARGET void few_pv_avx512(const float *p, int64_t nr, const void *v, int dt, int64_t ld,
                                     int64_t Dvp, int64_t nk, int64_t room, int from, float *tile)
 {
     if (dt == FA_DTYPE_Q8_0)
-        few_pv_bdt_avx512(p, nr, v, FA_DTYPE_Q8_0, ld, Dvp, nk, room, from, tile);
+        few_pv_dt_avx512(p, nr, v, FA_DTYPE_Q8_0, ld, Dvp, nk, room, from, tile);
     else if (dt == FA_DTYPE_Q4_0)
-        few_pv_bdt_avx512(p, nr, v, FA_DTYPE_Q4_0, ld, Dvp, nk, room, from, tile);
+        few_pv_dt_avx512(p, nr, v, FA_DTYPE_Q4_0, ld, Dvp, nk, room, from, tile);
 #define FA_DTYPE_CALL(t) few_pv_dt_avx512(p, nr, v, t, ld, Dvp, nk, room, from, tile)
     FA_DTYPE_SWITCH(dt)
 #undef FA_DTYPE_CALL
