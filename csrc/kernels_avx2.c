@@ -439,7 +439,7 @@ static FA_ALWAYS_INLINE FA_TARGET void prefetch_at_avx2(const char *at, int64_t 
  * on each element whatever nv. nr, nv and dt are constants in each inlined
  * copy. The value rows of the tile that follows, where they do (ahead:
  * fa_ahead's distance), are fetched ahead, a line at a time as these are
- * read. */
+ * read (prefetch_at_avx2: of a block, its first and last byte). */
 static FA_ALWAYS_INLINE FA_TARGET void few_pv_cols_avx2(const float *p, const int nr, const int nv,
                                                         const void *v, const int dt, int64_t ld,
                                                         int64_t Dvp, int64_t c, int64_t nk,

@@ -510,11 +510,11 @@ static FA_ALWAYS_INLINE FA_TARGET void few_pv_dt_avx512(const float *p, int64_t 
 #undef FA_CALL
 }
 
-/* The block formats' few-rows kernels in sixteen lanes (x86_blocks.h's
- * eight-lane ones, whose operations on each element they repeat: the same
- * float32 values, the same products in the same order, so the same bits).
- * Scores: two eight-key halves transposed as x86_blocks.h does, their
- * elements joined sixteen keys a register. */
+/* The few-rows scores over the block formats in sixteen lanes
+ * (x86_blocks.h's few_scores_blocks_avx2, whose operations on each element
+ * they repeat: the same float32 values, the same products in the same
+ * order, so the same bits): two eight-key halves transposed as x86_blocks.h
+ * does, their elements joined sixteen keys a register. */
 static FA_ALWAYS_INLINE FA_TARGET void few_scores_blocks_avx512(const float *q, const int nr,
                                                                const void *k, const int dt,
                                                                int64_t rs, int64_t D, int64_t nk,
@@ -970,7 +970,8 @@ static FA_TARGET void few_scores_avx512(const float *q, int64_t nr, const void *
 #undef FA_DTYPE_CALL
 }
 
-/* few_scores and few_pv read the block formats in place (x86_blocks.h) */
+/* few_scores and few_pv read the block formats in place
+ * (few_scores_blocks_avx512; few_pv through load16_at_avx512) */
 #define FA_HAVE_FEW_BLOCKS 1
 
 #include "x86_rows.h"

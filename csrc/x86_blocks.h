@@ -1,10 +1,10 @@
 /*
- * x86_blocks.h -- the few-rows (decoding) kernels over the block formats
+ * x86_blocks.h -- the few-rows (decoding) scores over the block formats
  * (dtypes.h's q8_0 and q4_0) in eight lanes, which kernels_avx2.c calls from
  * its few_scores for those formats (FA_HAVE_FEW_BLOCKS), and the block
- * columns its few_pv reads (block8_at_avx2);
- * kernels_avx512.c compiles the same block loads (block_ints8_avx2,
- * block_scales8_avx2) for its sixteen-lane versions. Each element is converted in registers to exactly the float32
+ * columns its few_pv reads (block8_at_avx2); kernels_avx512.c compiles the
+ * same block loads (block_ints8_avx2, block_scales8_avx2) for its
+ * sixteen-lane scores. Each element is converted in registers to exactly the float32
  * that fa_block_row gives (its integer, converted, times its block's scale,
  * one exact product), then goes through the products of the float32
  * few-rows kernels, in their order (a fused multiply-add per key and step of
