@@ -62,6 +62,8 @@ int64_t fa_l2_cache_bytes(void)
 static int64_t fa_busy_until_us = 0;
 /* When the last threaded call ended, likewise (0: none yet). */
 static int64_t fa_team_end_us = 0;
+/* 1 if the last threaded call had a late thread, likewise. */
+static int64_t fa_was_late = 0;
 
 static int64_t record_get(const int64_t *r)
 {
@@ -120,12 +122,17 @@ static int others_fill_the_cores(int nt)
 void fa_note_wait(double start, double wait, int nt)
 {
     const int64_t prev = record_get(&fa_team_end_us);
-    if (wait >= FA_LATE_S && prev != 0) {
+    const int late = wait >= FA_LATE_S && prev != 0;
+    if (late) {
         /* while the threads still wait awake, a late one was kept off its
-         * core; after a pause it may only have been slow to wake */
-        if (start * 1e6 - (double)prev < FA_HOT_S * 1e6 || others_fill_the_cores(nt))
+         * core: by other threads, or for a moment by the host of a virtual
+         * machine (the second such call in a row counts); after a pause it
+         * may only have been slow to wake */
+        const int hot = start * 1e6 - (double)prev < FA_HOT_S * 1e6;
+        if ((hot && record_get(&fa_was_late)) || others_fill_the_cores(nt))
             fa_set_busy(FA_BUSY_S);
     }
+    record_set(&fa_was_late, late);
     record_set(&fa_team_end_us, (int64_t)(fa_now() * 1e6));
 }
 

@@ -603,7 +603,12 @@ static inline FA_TARGET float fa_tanhf(float x)
  * ms on two threads, 0.48 ms on one). Only attention calls (plan_run) time
  * their threads. A late thread counts when the call began within FA_HOT_S
  * of the last such call's end, while the OpenMP threads still wait awake
- * (GNU libgomp's spin for some milliseconds); after a longer pause they
+ * (GNU libgomp's spin for some milliseconds), and the last call was late
+ * too or other threads fill the cores (below): the host of a virtual
+ * machine takes a core for a millisecond now and then (an idle virtual
+ * 2-core Xeon, back-to-back calls: one late call three times in ten
+ * seconds; counted loaded on two in a row, none in twenty). After a longer
+ * pause they
  * sleep, and waking one takes over FA_LATE_S on some idle machines (a
  * virtual 2-core Xeon: after 50 ms idle, 18-20 calls of 20; after 2 ms
  * none), so there it counts only where other threads fill the cores (Linux:
