@@ -43,7 +43,7 @@ def kernel_variants(path="csrc/variants.def"):
 # kernel variants (the most capable first) start at once.
 SOURCES = ([f"csrc/kernels_{name}.c" for name in reversed(kernel_variants())]
            + ["src/fastattn/_core.pyx", "csrc/attention.c", "csrc/rowwise.c", "csrc/config.c",
-              "csrc/dispatch.c", "csrc/merge.c", "csrc/peak.c", "csrc/backward.c"])
+              "csrc/dispatch.c", "csrc/merge.c", "csrc/peak.c", "csrc/backward.c", "csrc/results.c"])
 
 CYTHON_DIRECTIVES = {"language_level": "3"}
 

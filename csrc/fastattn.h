@@ -264,6 +264,23 @@ const char *fa_simd_kernel(void);
  * it does not): the work units' planning reads it. */
 int64_t fa_l2_cache_bytes(void);
 
+/* Memory for result arrays of at least FA_RESULT_MIN_BYTES (results.c):
+ * fa_result_bytes(nbytes): the size of the block an array of nbytes takes
+ * (rounded up to 2 MiB), or -1 below FA_RESULT_MIN_BYTES (the caller
+ * allocates as usual) or where it cannot be rounded; fa_result_alloc(bytes):
+ * a block of that size, from the cache of freed ones where one is there,
+ * else new (NULL: out of memory); fa_result_free(p, bytes): the block back,
+ * into the cache where it fits under the limit (the oldest blocks freed to
+ * make room), else freed; fa_result_cache(limit, &held): sets the cache's
+ * limit in bytes (limit >= 0; 0 frees every cached block and keeps none)
+ * and returns the previous one; held: the bytes it holds now. */
+#define FA_RESULT_MIN_BYTES ((int64_t)4 << 20)
+#define FA_RESULT_CACHE_DEFAULT ((int64_t)512 << 20)
+int64_t fa_result_bytes(int64_t nbytes);
+void *fa_result_alloc(int64_t bytes);
+void fa_result_free(void *p, int64_t bytes);
+int64_t fa_result_cache(int64_t limit, int64_t *held);
+
 #ifdef __cplusplus
 }
 #endif

@@ -75,10 +75,11 @@ def test_show_config_says_single_threaded_build(capsys, monkeypatch):
 
 
 def test_public_names_are_the_api_plus_config():
-    from fastattn import _attention, _backward, _merge, _quant, _softmax, _threads, _varlen
+    from fastattn import (_attention, _backward, _memory, _merge, _quant, _softmax, _threads,
+                          _varlen)
 
     api = set().union(*(m.__all__ for m in (_softmax, _attention, _varlen, _merge, _threads,
-                                            _backward, _quant)))
+                                            _memory, _backward, _quant)))
     assert set(fastattn.__all__) == api | {"show_config", "__version__"}
     for name in fastattn.__all__:
         assert hasattr(fastattn, name)

@@ -26,6 +26,7 @@ from fastattn._backward import attention_backward, varlen_attention_backward  # 
 from fastattn._merge import merge_attention  # noqa: E402
 from fastattn._quant import QuantizedArray, quantize_kv  # noqa: E402
 from fastattn._threads import get_num_threads, set_num_threads  # noqa: E402
+from fastattn._memory import set_result_cache  # noqa: E402
 from fastattn._config import show_config  # noqa: E402
 from fastattn._version import __version__  # noqa: E402
 from fastattn import flash_attn  # noqa: E402,F401  (FlashAttention's Python API)
@@ -47,6 +48,7 @@ __all__ = [  # a literal list, for static analysers: the modules' __all__ and th
     "varlen_attention_backward",
     "set_num_threads",
     "get_num_threads",
+    "set_result_cache",
     "show_config",
     "__version__",
 ]

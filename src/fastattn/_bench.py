@@ -1016,9 +1016,10 @@ def grid(repeat=3, memory=True, out=None):
             t_t = best_time(lambda: torch.softmax(tx, dim=-1), repeat)
             row(f"softmax {shape} vs torch", f"{t_t / t_sm:.2f}x", "-", None)
         if shape == (16384, 2048) and onnxruntime_or_none() is not None:
-            # A new result's pages are mapped (and zeroed) as they are first
-            # written; ONNX Runtime's come from its arena, already mapped.
-            # Into the same array both write the same bytes.
+            # A new result each call: ONNX Runtime's memory comes from its
+            # arena, fastattn's from the memory of the results before it
+            # (set_result_cache), both already mapped. Into the same array
+            # both write the same bytes.
             # (Each timed on its own: on two cores the threads one library
             # leaves spinning slow the other's next call.)
             dst = np.zeros_like(x)

@@ -3,6 +3,7 @@ import os
 from typing import Any, Dict, Literal, Optional, overload
 
 from fastattn import _core
+from fastattn._memory import result_cache_info
 from fastattn._threads import get_num_threads, openmp_runtime
 from fastattn._version import __version__
 
@@ -19,6 +20,7 @@ def _config() -> Dict[str, Any]:
         "simd": build["simd"],
         "num_threads": get_num_threads(),
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+        "result_cache": result_cache_info(),
     }
 
 
@@ -55,7 +57,9 @@ def show_config(mode: str = "stdout", *, print_: Optional[bool] = None) -> Optio
         threadpoolctl finds loaded: its internal_api, version and file, or
         None); ``simd`` (the kernel path selected at run time); ``num_threads``
         (the effective thread count, :func:`fastattn.get_num_threads`);
-        ``OMP_NUM_THREADS`` (the environment variable, or None).
+        ``OMP_NUM_THREADS`` (the environment variable, or None); ``result_cache``
+        (``max_bytes``, the limit of the memory kept for result arrays, and
+        ``held_bytes``, what it holds now: :func:`fastattn.set_result_cache`).
         With ``mode="stdout"``: None.
 
     Raises
@@ -68,8 +72,8 @@ def show_config(mode: str = "stdout", *, print_: Optional[bool] = None) -> Optio
     >>> import fastattn
     >>> config = fastattn.show_config(mode="dicts")
     >>> sorted(config)  # doctest: +NORMALIZE_WHITESPACE
-    ['OMP_NUM_THREADS', 'compiler', 'num_threads', 'openmp', 'openmp_runtime', 'simd',
-     'version']
+    ['OMP_NUM_THREADS', 'compiler', 'num_threads', 'openmp', 'openmp_runtime',
+     'result_cache', 'simd', 'version']
     >>> config["num_threads"] == fastattn.get_num_threads()
     True
     """

@@ -101,6 +101,11 @@ cdef extern from "fastattn.h" nogil:
     const char *fa_compiler()
     const char *fa_simd_kernel()
     int64_t fa_l2_cache_bytes()
+    int64_t FA_RESULT_MIN_BYTES
+    int64_t fa_result_bytes(int64_t nbytes)
+    void *fa_result_alloc(int64_t bytes)
+    void fa_result_free(void *p, int64_t bytes)
+    int64_t fa_result_cache(int64_t limit, int64_t *held)
     int fa_merge_f32(const float *const *outs, const float *const *lses, int64_t P,
                      int64_t nrows, int64_t Dv, float *o, float *lse, int nthreads)
     double fa_fma_peak_gflops(int lanes, int nthreads, long iters)

@@ -428,6 +428,15 @@ cdef object _empty = np.empty
 cdef object _float32 = np.float32
 
 
+cdef object _new_result(tuple shape, int64_t rows, int64_t cols):
+    """A new float32 array of `shape` (rows x cols elements, rows those of
+    an input): np.empty's, or from RESULT_MIN_BYTES on on memory kept for
+    reuse (result_array, as _validate.new_array does)."""
+    if rows > 0 and cols <= INT64_MAX // 4 // rows and rows * cols * 4 >= FA_RESULT_MIN_BYTES:
+        return result_array(shape, _float32, rows * cols * 4)
+    return _empty(shape, _float32)
+
+
 cdef bint _take(object x, Py_buffer *view, char code, Py_ssize_t itemsize, bint contiguous,
                 int64_t *st):
     """Take x's buffer into view when x is a numpy.ndarray (no subclass) of
@@ -732,10 +741,10 @@ def sdpa_plain(q, k, v, mask, is_causal, window, scale, enable_gqa, return_lse,
         shape = q.shape[:-1]
         try:  # (a result that does not fit: the general path names it in its error)
             if out is None:
-                out = _empty(shape + (Dv,), _float32)
+                out = _new_result(shape + (Dv,), nbatch * L, Dv)
             elif not _takes_out(out, &qb, &kb, &vb, &mb if held >= 4 else NULL, nd, Dv):
                 return None
-            lse = _empty(shape, _float32) if return_lse is True else None
+            lse = _new_result(shape, nbatch * L, 1) if return_lse is True else None
         except (MemoryError, ValueError):
             return None
         memset(&a, 0, sizeof(a))
@@ -890,6 +899,73 @@ def l2_cache_bytes():
     """A core's level-2 cache in bytes as the work units are planned for it
     (sysconf; 1 MiB where it does not say)."""
     return fa_l2_cache_bytes()
+
+
+cdef extern from "Python.h":
+    int PyTraceMalloc_Track(unsigned int domain, uintptr_t ptr, size_t size)
+    int PyTraceMalloc_Untrack(unsigned int domain, uintptr_t ptr)
+
+# tracemalloc's domain for array data: NumPy's, so that the memory of a result
+# array counts where NumPy's own arrays do (tracemalloc.get_traced_memory)
+cdef unsigned int _ARRAY_DOMAIN = 389047
+
+
+cdef class _ResultMemory:
+    """The memory of one result array (fa_result_alloc), exposed as a
+    writable buffer of bytes; it goes back to the cache (fa_result_free) when
+    the last array on it goes. (No __releasebuffer__: NumPy then holds this
+    object itself as the array's base, not a memoryview of it that could be
+    released while the array lives.)"""
+    cdef void *ptr
+    cdef int64_t bytes      # the block's size
+    cdef Py_ssize_t nbytes  # the array's bytes (the buffer's length)
+
+    def __getbuffer__(self, Py_buffer *view, int flags):
+        view.buf = self.ptr
+        view.obj = self
+        view.len = self.nbytes
+        view.readonly = 0
+        view.itemsize = 1
+        view.format = NULL  # (no format: unsigned bytes)
+        view.ndim = 1
+        view.shape = &self.nbytes
+        view.strides = NULL
+        view.suboffsets = NULL
+        view.internal = NULL
+
+    def __dealloc__(self):
+        if self.ptr != NULL:
+            PyTraceMalloc_Untrack(_ARRAY_DOMAIN, <uintptr_t>self.ptr)
+            fa_result_free(self.ptr, self.bytes)
+
+
+RESULT_MIN_BYTES = FA_RESULT_MIN_BYTES
+
+
+def result_array(shape, dtype, Py_ssize_t nbytes):
+    """A new uninitialised C-contiguous array of `shape` and `dtype` (nbytes
+    bytes) on memory kept for reuse (fa_result_alloc), or None below
+    RESULT_MIN_BYTES (the caller takes np.empty)."""
+    cdef int64_t bytes = fa_result_bytes(nbytes)
+    cdef _ResultMemory m
+    if bytes < 0:
+        return None
+    m = _ResultMemory.__new__(_ResultMemory)
+    m.ptr = fa_result_alloc(bytes)
+    if m.ptr == NULL:
+        raise MemoryError
+    m.bytes = bytes
+    m.nbytes = nbytes
+    PyTraceMalloc_Track(_ARRAY_DOMAIN, <uintptr_t>m.ptr, <size_t>nbytes)
+    return np.frombuffer(m, dtype=dtype).reshape(shape)
+
+
+def result_cache(limit=None):
+    """(limit, held): the cache's limit in bytes before this call and the
+    bytes it holds after it; with `limit` (an int >= 0), sets the limit."""
+    cdef int64_t held = 0
+    cdef int64_t before = fa_result_cache(-1 if limit is None else <int64_t>limit, &held)
+    return int(before), int(held)
 
 
 def build_info():

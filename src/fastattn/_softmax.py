@@ -47,10 +47,9 @@ def _rowwise(x, axis, out, op, keepdims=False):
         return result
     tmp = new_array(rows.shape, "the result")
     _core.rowwise(rows.reshape(-1), tmp.reshape(-1), nrows, n, op, get_num_threads())
-    moved = np.moveaxis(tmp, -1, ax)
     if out is None:
-        return np.ascontiguousarray(moved)
-    np.copyto(out, moved)
+        out = new_array(shape, "the result")
+    np.copyto(out, np.moveaxis(tmp, -1, ax))
     return out
 
 

@@ -17,6 +17,7 @@ from typing import (Any, Callable, Iterable, List, NamedTuple, Optional, Sequenc
 
 import numpy as np
 
+from fastattn import _core
 from fastattn._quant import QuantizedArray
 
 try:  # numpy >= 1.25
@@ -371,8 +372,9 @@ def _arrays_in(name: str, value: Any) -> Iterable[Tuple[str, np.ndarray]]:
 def new_array(shape: Sequence[int], what: str, dtype: Any = np.float32,
               fill: Optional[float] = None) -> np.ndarray:
     """A new C-contiguous array of `shape` for a result (`fill`: its value, else
-    uninitialised). ValueError naming `what` and the shape when its size is
-    beyond what this platform can address (NumPy's own message names
+    uninitialised: from 4 MiB on, on memory that earlier results gave back,
+    see _core.result_array). ValueError naming `what` and the shape when its
+    size is beyond what this platform can address (NumPy's own message names
     neither), MemoryError naming them when the memory cannot be had."""
     shape = tuple(int(n) for n in shape)
     nbytes = math.prod(shape) * np.dtype(dtype).itemsize
@@ -380,6 +382,9 @@ def new_array(shape: Sequence[int], what: str, dtype: Any = np.float32,
         raise ValueError(f"{what} of shape {shape} would take {nbytes} bytes, more than this "
                          f"platform can address")
     try:
+        if fill is None and nbytes >= _core.RESULT_MIN_BYTES:
+            kept = _core.result_array(shape, dtype, nbytes)
+            return np.empty(shape, dtype) if kept is None else kept
         if fill is None:
             return np.empty(shape, dtype)
         return np.full(shape, fill, dtype)
