@@ -64,6 +64,8 @@ static int64_t fa_busy_until_us = 0;
 static int64_t fa_team_end_us = 0;
 /* 1 if the last threaded call had a late thread, likewise. */
 static int64_t fa_was_late = 0;
+/* The length of the last window of load, in microseconds, likewise. */
+static int64_t fa_busy_span_us = 0;
 
 static int64_t record_get(const int64_t *r)
 {
@@ -95,6 +97,25 @@ double fa_now(void)
 void fa_set_busy(double seconds)
 {
     record_set(&fa_busy_until_us, seconds > 0.0 ? (int64_t)((fa_now() + seconds) * 1e6) : 0);
+    record_set(&fa_busy_span_us, seconds > 0.0 ? (int64_t)(seconds * 1e6) : 0);
+}
+
+int64_t fa_busy_span(int64_t now_us, int64_t until_us, int64_t span_us)
+{
+    const int64_t lo = (int64_t)(FA_BUSY_MIN_S * 1e6), hi = (int64_t)(FA_BUSY_S * 1e6);
+    if (until_us == 0 || span_us <= 0 || now_us >= until_us + span_us)
+        return lo; /* the first load in a while: perhaps a moment's */
+    return 4 * span_us < lo ? lo : (4 * span_us > hi ? hi : 4 * span_us);
+}
+
+/* The machine counts as loaded from now for fa_busy_span's window. */
+static void count_loaded(void)
+{
+    const int64_t now = (int64_t)(fa_now() * 1e6);
+    const int64_t span = fa_busy_span(now, record_get(&fa_busy_until_us),
+                                      record_get(&fa_busy_span_us));
+    record_set(&fa_busy_span_us, span);
+    record_set(&fa_busy_until_us, now + span);
 }
 
 /* 1 where other threads keep this process's cores busy now: on Linux, the
@@ -130,7 +151,7 @@ void fa_note_wait(double start, double wait, int nt)
          * may only have been slow to wake */
         const int hot = start * 1e6 - (double)prev < FA_HOT_S * 1e6;
         if ((hot && record_get(&fa_was_late)) || others_fill_the_cores(nt))
-            fa_set_busy(FA_BUSY_S);
+            count_loaded();
     }
     record_set(&fa_was_late, late);
     record_set(&fa_team_end_us, (int64_t)(fa_now() * 1e6));

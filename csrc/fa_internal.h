@@ -596,27 +596,33 @@ static inline FA_TARGET float fa_tanhf(float x)
  * FA_MIN_WORK_PER_THREAD, and at most one thread a FA_MIN_WORK_PER_THREAD
  * (on an idle 2-core AMD EPYC a call of 2.1 M units, 69 us on one thread,
  * took 37 us on two). While the machine is loaded (fa_note_wait saw a call's
- * thread arrive FA_LATE_S or more after the call began, within the last
- * FA_BUSY_S), a call below FA_BUSY_WORK units runs on one thread: a thread
- * that is not scheduled holds up the whole call by a scheduler time slice
- * (with three busy processes on two cores, a 0.24 ms call averaged 1.3-1.6
- * ms on two threads, 0.48 ms on one). Only attention calls (plan_run) time
- * their threads. A late thread counts when the call began within FA_HOT_S
- * of the last such call's end, while the OpenMP threads still wait awake
- * (GNU libgomp's spin for some milliseconds), and the last call was late
- * too or other threads fill the cores (below): the host of a virtual
- * machine takes a core for a millisecond now and then (an idle virtual
- * 2-core Xeon, back-to-back calls: one late call three times in ten
- * seconds; counted loaded on two in a row, none in twenty). After a longer
- * pause they
- * sleep, and waking one takes over FA_LATE_S on some idle machines (a
- * virtual 2-core Xeon: after 50 ms idle, 18-20 calls of 20; after 2 ms
- * none), so there it counts only where other threads fill the cores (Linux:
- * /proc/loadavg's running threads, less the call's own, at least the cores
- * the process may use; elsewhere always). With two busy processes on those
- * two cores and a 3 ms pause before each decoding call, the calls were
- * counted loaded 99 % of the time. The thread count never changes a bit of
- * a result.
+ * thread arrive FA_LATE_S or more after the call began, within a window of
+ * FA_BUSY_MIN_S after a time without load, else four times the last window,
+ * up to FA_BUSY_S: fa_busy_span), a call below FA_BUSY_WORK units runs on
+ * one thread: a thread that is not scheduled holds up the whole call by a
+ * scheduler time slice (with three busy processes on two cores, a 0.24 ms
+ * call averaged 1.3-1.6 ms on two threads, 0.48 ms on one). Only attention
+ * calls (plan_run) time their threads. A late thread counts when the call
+ * began within FA_HOT_S of the last such call's end, while the OpenMP
+ * threads still wait awake (GNU libgomp's spin for some milliseconds), and
+ * the last call was late too or other threads fill the cores (below): the
+ * host of a virtual machine takes a core for a millisecond now and then (an
+ * idle virtual 2-core Xeon, back-to-back calls: one late call three times in
+ * ten seconds; counted loaded on two in a row, none in twenty; a stall over
+ * two calls opened the window, so it starts short: after the Whisper
+ * encoder's case, the first two decoding calls of `bench --models` took 7.8
+ * and 4.4 ms, and a half-second window had kept every timed call on one
+ * thread, 0.6x torch). Under lasting load the windows grow to FA_BUSY_S
+ * within three tries (two and three busy processes on the two cores,
+ * decoding calls back to back: the same mean times as a fixed half second,
+ * within the runs' spread). After a longer pause they sleep, and waking one
+ * takes over FA_LATE_S on some idle machines (a virtual 2-core Xeon: after
+ * 50 ms idle, 18-20 calls of 20; after 2 ms none), so there it counts only
+ * where other threads fill the cores (Linux: /proc/loadavg's running
+ * threads, less the call's own, at least the cores the process may use;
+ * elsewhere always). With two busy processes on those two cores and a 3 ms
+ * pause before each decoding call, the calls were counted loaded 99 % of the
+ * time. The thread count never changes a bit of a result.
  *
  * An attention call's work (attention.c's plan_build) is its multiply-adds
  * plus FA_KEY_READ_WORK for each element of a key or value row that a unit
@@ -636,6 +642,7 @@ static inline FA_TARGET float fa_tanhf(float x)
 #define FA_LATE_S 0.001
 #define FA_HOT_S 0.002
 #define FA_BUSY_S 0.5
+#define FA_BUSY_MIN_S 0.02
 /* (fa_threads_for, fa_busy, fa_set_busy, fa_note_wait and fa_now -- seconds
  * on a monotonic clock, 0 in a build without OpenMP -- are in fastattn.h, for
  * the tests.) */

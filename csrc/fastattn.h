@@ -253,6 +253,11 @@ void fa_set_busy(double seconds);
 /* A call on nt threads that began at `start` (fa_now(), seconds) has ended,
  * its last thread `wait` seconds after it began: the record the rule reads. */
 void fa_note_wait(double start, double wait, int nt);
+/* The length in microseconds of a window of load that begins at now_us,
+ * the last one having ended at until_us after span_us (0, 0: none yet):
+ * FA_BUSY_MIN_S after a while without load, else four times the last one,
+ * up to FA_BUSY_S (fa_internal.h). */
+int64_t fa_busy_span(int64_t now_us, int64_t until_us, int64_t span_us);
 double fa_now(void);
 
 /* Build and runtime facts for show_config(). */

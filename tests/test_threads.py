@@ -413,6 +413,31 @@ def test_a_late_thread_counts_while_the_threads_are_awake_or_the_cores_full(idle
     assert _core.machine_busy() == (not linux)
 
 
+def test_a_window_of_load_grows_while_the_load_stays():
+    # 20 ms after a while without load (a moment's stall of a virtual
+    # machine's host costs no more), four times the last window where the
+    # load is back as soon as that window ended, up to half a second
+    lo, hi, t = 20_000, 500_000, 10**9
+    assert _core.busy_span(t, 0, 0) == lo                    # the first
+    assert _core.busy_span(t + 1, t, lo) == 4 * lo           # back at once
+    assert _core.busy_span(t + lo - 1, t, lo) == 4 * lo      # back within a window's length
+    assert _core.busy_span(t + lo, t, lo) == lo              # later: a new first
+    assert _core.busy_span(t + 1, t, 4 * lo) == 16 * lo
+    assert _core.busy_span(t + 1, t, 16 * lo) == hi          # no longer than half a second
+    assert _core.busy_span(t + 1, t, hi) == hi
+
+
+def test_a_late_call_opens_a_short_window_first(idle_policy):
+    t = _core.clock()
+    if t == 0.0:
+        pytest.skip("a build without OpenMP has no threads to time")
+    _core.note_wait(t, 0.0)
+    _core.note_wait(t, 0.005, -(1 << 20))  # late where other threads fill the cores
+    assert _core.machine_busy()
+    time.sleep(0.06)  # (the 20 ms window and as long again have passed)
+    assert not _core.machine_busy()
+
+
 def test_a_loaded_machine_gives_the_same_bits(rng, threads, idle_policy):
     q, k, v = qkv(rng, (4, 128, 64), (4, 128, 64), (4, 128, 64))
     threads(2)

@@ -871,9 +871,10 @@ def threads_for(int nthreads, double work, int64_t nitems):
 
 def machine_busy():
     """True while the thread policy counts the machine as loaded: a threaded
-    attention call's thread arrived late within the last half second, while
-    the threads were awake or other threads filled the cores
-    (csrc/fa_internal.h)."""
+    attention call's thread arrived late, twice in a row while the threads
+    were awake or once where other threads filled the cores, within the
+    window of load that began then (20 ms to half a second,
+    csrc/fa_internal.h)."""
     return bool(fa_busy())
 
 
@@ -881,6 +882,12 @@ def set_machine_busy(double seconds):
     """Count the machine as loaded for `seconds` from now (0: not), as a late
     thread would (for the tests)."""
     fa_set_busy(seconds)
+
+
+def busy_span(int64_t now_us, int64_t until_us, int64_t span_us):
+    """The microseconds a window of load beginning at now_us lasts, the last
+    one having ended at until_us after span_us microseconds (0, 0: none)."""
+    return fa_busy_span(now_us, until_us, span_us)
 
 
 def note_wait(double start, double wait, int nthreads=2):
