@@ -10,8 +10,10 @@
  * at most FA_RESULT_SLOTS blocks and fa_result_limit bytes, and the next
  * result of the same rounded size takes it from there (as ONNX Runtime's
  * arena hands back the memory of earlier results). A block's size is
- * rounded up to FA_RESULT_ALIGN (a huge page), and on Linux it is offered
- * to transparent huge pages, as NumPy does for its large arrays.
+ * rounded up to FA_RESULT_ALIGN (a huge page) and aligned to it, and on
+ * Linux it is offered to transparent huge pages (NumPy offers its large
+ * arrays too, unaligned: a 128 MiB numpy.empty array got none where a block
+ * got all of its pages huge, with huge pages on request).
  *
  * The cache is one record for the process, read and written under one
  * lock where the build has OpenMP (fastattn._core calls in with the GIL

@@ -61,8 +61,10 @@ def set_result_cache(max_bytes: int) -> int:
     like any other (C-contiguous, writable, aligned to 2 MiB), except that it
     does not own its memory (``flags.owndata`` is False and ``ndarray.resize``
     refuses it, as for a view): the memory belongs to an object that returns
-    it to the cache when the last array on it is gone. On Linux the blocks
-    are offered to transparent huge pages, as NumPy offers its large arrays.
+    it to the cache when the last array on it is gone. On Linux the blocks,
+    aligned to 2 MiB, are offered to transparent huge pages (NumPy offers its
+    large arrays too, unaligned: on a Linux machine with huge pages on
+    request, a 128 MiB ``numpy.empty`` array got none, a result block all).
     ``tracemalloc`` counts a result's bytes while an array holds them, not
     the blocks kept. A block serves only results of its own rounded size.
 
