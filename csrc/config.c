@@ -58,11 +58,13 @@ int64_t fa_l2_cache_bytes(void)
 
 /* When the machine stops counting as loaded, in microseconds of fa_now();
  * read and written by any thread (a record, not a lock: each writes a value
- * any of them could). */
+ * any of them could; two records written together may be read from two
+ * different calls, which at worst makes one window a step too long or
+ * short). */
 static int64_t fa_busy_until_us = 0;
-/* When the last threaded call ended, likewise (0: none yet). */
+/* When the last threaded attention call ended, likewise (0: none yet). */
 static int64_t fa_team_end_us = 0;
-/* 1 if the last threaded call had a late thread, likewise. */
+/* 1 if that call had a late thread while the threads were awake, likewise. */
 static int64_t fa_was_late = 0;
 /* The length of the last window of load, in microseconds, likewise. */
 static int64_t fa_busy_span_us = 0;
@@ -96,16 +98,27 @@ double fa_now(void)
 
 void fa_set_busy(double seconds)
 {
-    record_set(&fa_busy_until_us, seconds > 0.0 ? (int64_t)((fa_now() + seconds) * 1e6) : 0);
-    record_set(&fa_busy_span_us, seconds > 0.0 ? (int64_t)(seconds * 1e6) : 0);
+    /* (at most a day: the microseconds stay far from overflow) */
+    const double s = seconds > 86400.0 ? 86400.0 : seconds;
+    record_set(&fa_busy_until_us, s > 0.0 ? (int64_t)((fa_now() + s) * 1e6) : 0);
+    record_set(&fa_busy_span_us, s > 0.0 ? (int64_t)(s * 1e6) : 0);
+    if (!(s > 0.0))
+        record_set(&fa_was_late, 0);
+}
+
+void fa_busy_window(int64_t *until_us, int64_t *span_us)
+{
+    *until_us = record_get(&fa_busy_until_us);
+    *span_us = record_get(&fa_busy_span_us);
 }
 
 int64_t fa_busy_span(int64_t now_us, int64_t until_us, int64_t span_us)
 {
     const int64_t lo = (int64_t)(FA_BUSY_MIN_S * 1e6), hi = (int64_t)(FA_BUSY_S * 1e6);
-    if (until_us == 0 || span_us <= 0 || now_us >= until_us + span_us)
+    /* (compared without sums or products that could overflow) */
+    if (until_us == 0 || span_us <= 0 || (now_us > until_us && now_us - until_us >= span_us))
         return lo; /* the first load in a while: perhaps a moment's */
-    return 4 * span_us < lo ? lo : (4 * span_us > hi ? hi : 4 * span_us);
+    return span_us >= hi / 4 ? hi : (4 * span_us < lo ? lo : 4 * span_us);
 }
 
 /* The machine counts as loaded from now for fa_busy_span's window. */
@@ -118,22 +131,27 @@ static void count_loaded(void)
     record_set(&fa_busy_until_us, now + span);
 }
 
-/* 1 where other threads keep this process's cores busy now: on Linux, the
- * threads running or waiting to run (/proc/loadavg's fourth field, less the
- * nt of the call just ended, whose threads still spin) fill every core the
- * process may use; elsewhere (no such count) 1, a late thread's word taken
+/* 1 where threads other than the call's keep the machine's cores busy now:
+ * on Linux, the threads running or waiting to run (/proc/loadavg's fourth
+ * field, which counts the whole machine, less the nt of the call just
+ * ended, whose threads still spin) fill every core the machine has online
+ * (not only those this process may use: the count is the machine's too);
+ * elsewhere (no such count, or none to read) 1, a late thread's word taken
  * as it stands. */
 static int others_fill_the_cores(int nt)
 {
 #if defined(__linux__) && defined(_OPENMP)
     int running = 0;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
     FILE *f = fopen("/proc/loadavg", "r");
     if (!f)
         return 1;
+    if (cores < 1)
+        cores = omp_get_num_procs();
     if (fscanf(f, "%*f %*f %*f %d/", &running) != 1)
-        running = 1 + omp_get_num_procs();
+        running = (int)cores + nt;
     fclose(f);
-    return running - nt >= omp_get_num_procs();
+    return running - nt >= cores;
 #else
     (void)nt;
     return 1;
@@ -144,16 +162,18 @@ void fa_note_wait(double start, double wait, int nt)
 {
     const int64_t prev = record_get(&fa_team_end_us);
     const int late = wait >= FA_LATE_S && prev != 0;
+    const int hot = start * 1e6 - (double)prev < FA_HOT_S * 1e6;
     if (late) {
         /* while the threads still wait awake, a late one was kept off its
          * core: by other threads, or for a moment by the host of a virtual
          * machine (the second such call in a row counts); after a pause it
          * may only have been slow to wake */
-        const int hot = start * 1e6 - (double)prev < FA_HOT_S * 1e6;
         if ((hot && record_get(&fa_was_late)) || others_fill_the_cores(nt))
             count_loaded();
     }
-    record_set(&fa_was_late, late);
+    /* (a late thread after a pause is no stall: the next call is not the
+     * second late one in a row) */
+    record_set(&fa_was_late, late && hot);
     record_set(&fa_team_end_us, (int64_t)(fa_now() * 1e6));
 }
 

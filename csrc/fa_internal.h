@@ -605,24 +605,25 @@ static inline FA_TARGET float fa_tanhf(float x)
  * calls (plan_run) time their threads. A late thread counts when the call
  * began within FA_HOT_S of the last such call's end, while the OpenMP
  * threads still wait awake (GNU libgomp's spin for some milliseconds), and
- * the last call was late too or other threads fill the cores (below): the
- * host of a virtual machine takes a core for a millisecond now and then (an
- * idle virtual 2-core Xeon, back-to-back calls: one late call three times in
- * ten seconds; counted loaded on two in a row, none in twenty; a stall over
- * two calls opened the window, so it starts short: after the Whisper
- * encoder's case, the first two decoding calls of `bench --models` took 7.8
- * and 4.4 ms, and a half-second window had kept every timed call on one
- * thread, 0.6x torch). Under lasting load the windows grow to FA_BUSY_S
- * within three tries (two and three busy processes on the two cores,
- * decoding calls back to back: the same mean times as a fixed half second,
- * within the runs' spread). After a longer pause they sleep, and waking one
- * takes over FA_LATE_S on some idle machines (a virtual 2-core Xeon: after
- * 50 ms idle, 18-20 calls of 20; after 2 ms none), so there it counts only
- * where other threads fill the cores (Linux: /proc/loadavg's running
- * threads, less the call's own, at least the cores the process may use;
- * elsewhere always). With two busy processes on those two cores and a 3 ms
- * pause before each decoding call, the calls were counted loaded 99 % of the
- * time. The thread count never changes a bit of a result.
+ * the last call was late too, in the same way, or other threads fill the
+ * cores (below): the host of a virtual machine takes a core for a
+ * millisecond now and then (an idle virtual 2-core Xeon, back-to-back calls:
+ * one late call three times in ten seconds; counted loaded on two in a row,
+ * none in twenty; a stall over two calls opened the window, so it starts
+ * short: after the Whisper encoder's case, the first two decoding calls of
+ * `bench --models` took 7.8 and 4.4 ms, and a half-second window had kept
+ * every timed call on one thread, 0.6x torch). Under lasting load the
+ * windows grow to FA_BUSY_S at the fourth try (20, 80, 320, 500 ms; two and
+ * three busy processes on the two cores, decoding calls back to back: the
+ * same mean times as a fixed half second, within the runs' spread). After a
+ * longer pause they sleep, and waking one takes over FA_LATE_S on some idle
+ * machines (a virtual 2-core Xeon: after 50 ms idle, 18-20 calls of 20;
+ * after 2 ms none), so there it counts only where other threads fill the
+ * cores (Linux: /proc/loadavg's running threads, less the call's own, at
+ * least the cores the machine has online; elsewhere always). With two busy
+ * processes on those two cores and a 3 ms pause before each decoding call,
+ * the calls were counted loaded 99 % of the time. The thread count never
+ * changes a bit of a result.
  *
  * An attention call's work (attention.c's plan_build) is its multiply-adds
  * plus FA_KEY_READ_WORK for each element of a key or value row that a unit
@@ -643,9 +644,10 @@ static inline FA_TARGET float fa_tanhf(float x)
 #define FA_HOT_S 0.002
 #define FA_BUSY_S 0.5
 #define FA_BUSY_MIN_S 0.02
-/* (fa_threads_for, fa_busy, fa_set_busy, fa_note_wait and fa_now -- seconds
- * on a monotonic clock, 0 in a build without OpenMP -- are in fastattn.h, for
- * the tests.) */
+/* (fa_threads_for, fa_busy, fa_set_busy, fa_note_wait, fa_busy_span,
+ * fa_busy_window and fa_now -- omp_get_wtime's seconds: a monotonic clock
+ * under GNU libgomp, the wall clock under LLVM's libomp; 0 in a build
+ * without OpenMP -- are in fastattn.h, for the tests.) */
 
 /* attention.c's shared pieces: the argument checks of every entry point
  * (weights: the output is the L x S weights and v is not read; with_lse: lse

@@ -254,10 +254,13 @@ void fa_set_busy(double seconds);
  * its last thread `wait` seconds after it began: the record the rule reads. */
 void fa_note_wait(double start, double wait, int nt);
 /* The length in microseconds of a window of load that begins at now_us,
- * the last one having ended at until_us after span_us (0, 0: none yet):
- * FA_BUSY_MIN_S after a while without load, else four times the last one,
- * up to FA_BUSY_S (fa_internal.h). */
+ * the last one ending (or having ended) at until_us after span_us (0, 0:
+ * none yet): FA_BUSY_MIN_S after a while without load, else four times the
+ * last one, up to FA_BUSY_S (fa_internal.h). fa_busy_window: the records
+ * it reads, the last window's end and length (for the tests; fa_set_busy
+ * sets both, and with 0 also forgets a late call). */
 int64_t fa_busy_span(int64_t now_us, int64_t until_us, int64_t span_us);
+void fa_busy_window(int64_t *until_us, int64_t *span_us);
 double fa_now(void);
 
 /* Build and runtime facts for show_config(). */

@@ -377,6 +377,18 @@ def test_a_loaded_machine_runs_small_calls_on_one_thread(idle_policy):
     assert not _core.machine_busy()
 
 
+# On Linux a late thread's word is weighed against /proc/loadavg; elsewhere
+# (or without it) one late call counts as it stands.
+ONE_LATE_CALL_COUNTS = not (sys.platform.startswith("linux") and os.path.exists("/proc/loadavg"))
+ALONE = 1 << 20  # (a call's own threads: more than any others that run)
+
+
+def tripped():
+    """True if a window of load has opened since the policy was reset (the
+    record, not the clock: a slow test machine cannot flip it)."""
+    return _core.busy_window()[0] != 0
+
+
 def test_a_late_thread_counts_while_the_threads_are_awake_or_the_cores_full(idle_policy):
     # A thread late to a call that follows the last one closely was kept off
     # its core: the machine is loaded, where it happens twice in a row (once
@@ -384,47 +396,81 @@ def test_a_late_thread_counts_while_the_threads_are_awake_or_the_cores_full(idle
     # on Linux, where other threads fill the cores. After a pause the threads
     # sleep, and waking one may take as long on an idle machine: then (on
     # Linux) the late thread counts only if other threads fill the cores.
-    linux = sys.platform.startswith("linux")
     t = _core.clock()
     if t == 0.0:
         pytest.skip("a build without OpenMP has no threads to time")
-    alone = 1 << 20  # (the call's own threads: more than any others that run)
     _core.note_wait(t, 0.0)              # a threaded call ends now
-    _core.note_wait(t, 0.0005, alone)    # the next (begun before that end: close), on time
-    assert not _core.machine_busy()
-    _core.note_wait(t, 0.005, alone)     # the next, its thread 5 ms late
-    assert _core.machine_busy() == (not linux)
-    _core.note_wait(t, 0.0, alone)       # on time again
-    _core.note_wait(t, 0.005, alone)     # late once more, but not twice in a row
-    assert _core.machine_busy() == (not linux)
-    _core.note_wait(t, 0.005, alone)     # twice in a row
-    assert _core.machine_busy()
+    _core.note_wait(t, 0.0005, ALONE)    # the next (begun before that end: close), on time
+    assert not tripped()
+    _core.note_wait(t, 0.005, ALONE)     # the next, its thread 5 ms late
+    assert tripped() == ONE_LATE_CALL_COUNTS
+    _core.note_wait(t, 0.0, ALONE)       # on time again
+    _core.note_wait(t, 0.005, ALONE)     # late once more, but not twice in a row
+    assert tripped() == ONE_LATE_CALL_COUNTS
+    _core.note_wait(t, 0.005, ALONE)     # twice in a row
+    assert tripped()
     _core.set_machine_busy(0)
     _core.note_wait(t, 0.0)
-    _core.note_wait(t, 0.005, -alone)    # once, where other threads fill the cores (the
+    _core.note_wait(t, 0.005, -ALONE)    # once, where other threads fill the cores (the
     # running threads less the call's own: on Linux, more than the cores)
-    assert _core.machine_busy()
+    assert tripped()
     _core.set_machine_busy(0)
     _core.note_wait(_core.clock(), 0.0)
     time.sleep(0.05)
     # 5 ms late after 50 ms idle, the call's own threads outnumbering any
     # others that run: on Linux no load; elsewhere the late thread counts
-    _core.note_wait(_core.clock(), 0.005, alone)
-    assert _core.machine_busy() == (not linux)
+    _core.note_wait(_core.clock(), 0.005, ALONE)
+    assert tripped() == ONE_LATE_CALL_COUNTS
+
+
+def test_a_late_wake_after_a_pause_is_not_the_first_of_two(idle_policy):
+    # the threads were asleep: a late call then says nothing of the next one
+    t = _core.clock()
+    if t == 0.0:
+        pytest.skip("a build without OpenMP has no threads to time")
+    _core.note_wait(t, 0.0)
+    _core.note_wait(t, 0.005, ALONE)     # late while the threads were awake
+    _core.set_machine_busy(0)            # (a reset forgets it)
+    _core.note_wait(t, 0.005, ALONE)
+    assert tripped() == ONE_LATE_CALL_COUNTS
+    _core.set_machine_busy(0)
+    _core.note_wait(_core.clock(), 0.0)
+    time.sleep(0.05)
+    _core.note_wait(_core.clock(), 0.005, ALONE)  # late after a pause: waking up
+    _core.note_wait(_core.clock() - 0.001, 0.005, ALONE)  # then late at once
+    assert tripped() == ONE_LATE_CALL_COUNTS
 
 
 def test_a_window_of_load_grows_while_the_load_stays():
     # 20 ms after a while without load (a moment's stall of a virtual
     # machine's host costs no more), four times the last window where the
-    # load is back as soon as that window ended, up to half a second
+    # load is back within that window's length after it ended (or while it
+    # is open), up to half a second
     lo, hi, t = 20_000, 500_000, 10**9
     assert _core.busy_span(t, 0, 0) == lo                    # the first
     assert _core.busy_span(t + 1, t, lo) == 4 * lo           # back at once
+    assert _core.busy_span(t - 1, t, lo) == 4 * lo           # the window still open
     assert _core.busy_span(t + lo - 1, t, lo) == 4 * lo      # back within a window's length
     assert _core.busy_span(t + lo, t, lo) == lo              # later: a new first
     assert _core.busy_span(t + 1, t, 4 * lo) == 16 * lo
     assert _core.busy_span(t + 1, t, 16 * lo) == hi          # no longer than half a second
     assert _core.busy_span(t + 1, t, hi) == hi
+    assert _core.busy_span(2**62, 2**62 - 1, 2**62) == hi    # (no overflow)
+
+
+def test_each_late_call_under_load_lengthens_the_window(idle_policy):
+    t = _core.clock()
+    if t == 0.0:
+        pytest.skip("a build without OpenMP has no threads to time")
+    spans = []
+    _core.note_wait(t, 0.0)
+    for _ in range(5):  # late where other threads fill the cores, call after call
+        _core.note_wait(_core.clock(), 0.005, -ALONE)
+        spans.append(_core.busy_window()[1])
+    assert spans == [20_000, 80_000, 320_000, 500_000, 500_000]
+    _core.set_machine_busy(0)
+    _core.note_wait(_core.clock(), 0.005, -ALONE)
+    assert _core.busy_window()[1] == 20_000  # after a reset: the first again
 
 
 def test_a_late_call_opens_a_short_window_first(idle_policy):
@@ -432,8 +478,8 @@ def test_a_late_call_opens_a_short_window_first(idle_policy):
     if t == 0.0:
         pytest.skip("a build without OpenMP has no threads to time")
     _core.note_wait(t, 0.0)
-    _core.note_wait(t, 0.005, -(1 << 20))  # late where other threads fill the cores
-    assert _core.machine_busy()
+    _core.note_wait(t, 0.005, -ALONE)  # late where other threads fill the cores
+    assert _core.busy_window()[1] == 20_000
     time.sleep(0.06)  # (the 20 ms window and as long again have passed)
     assert not _core.machine_busy()
 

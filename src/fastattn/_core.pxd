@@ -96,6 +96,7 @@ cdef extern from "fastattn.h" nogil:
     void fa_set_busy(double seconds)
     void fa_note_wait(double start, double wait, int nt)
     int64_t fa_busy_span(int64_t now_us, int64_t until_us, int64_t span_us)
+    void fa_busy_window(int64_t *until_us, int64_t *span_us)
     double fa_now()
     int fa_built_with_openmp()
     int fa_omp_max_threads()

@@ -879,8 +879,9 @@ def machine_busy():
 
 
 def set_machine_busy(double seconds):
-    """Count the machine as loaded for `seconds` from now (0: not), as a late
-    thread would (for the tests)."""
+    """Count the machine as loaded for `seconds` from now, a window of that
+    length (0: not, and forget a late call), as a late thread would (for the
+    tests)."""
     fa_set_busy(seconds)
 
 
@@ -888,6 +889,14 @@ def busy_span(int64_t now_us, int64_t until_us, int64_t span_us):
     """The microseconds a window of load beginning at now_us lasts, the last
     one having ended at until_us after span_us microseconds (0, 0: none)."""
     return fa_busy_span(now_us, until_us, span_us)
+
+
+def busy_window():
+    """(until_us, span_us): when the last window of load ends (0: none) and
+    how long it is, in microseconds of clock()."""
+    cdef int64_t until = 0, span = 0
+    fa_busy_window(&until, &span)
+    return until, span
 
 
 def note_wait(double start, double wait, int nthreads=2):
