@@ -430,8 +430,8 @@ cdef object _float32 = np.float32
 
 cdef object _new_result(tuple shape, int64_t rows, int64_t cols):
     """A new float32 array of `shape` (rows x cols elements, rows those of
-    an input): np.empty's, or from RESULT_MIN_BYTES on on memory kept for
-    reuse (result_array, as _validate.new_array does)."""
+    an input): np.empty's, or, from RESULT_MIN_BYTES on, one on memory kept
+    for reuse (result_array, as _validate.new_array does)."""
     if rows > 0 and cols <= INT64_MAX // 4 // rows and rows * cols * 4 >= FA_RESULT_MIN_BYTES:
         return result_array(shape, _float32, rows * cols * 4)
     return _empty(shape, _float32)
