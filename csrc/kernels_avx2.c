@@ -106,12 +106,14 @@ static FA_ALWAYS_INLINE FA_TARGET void FA_NAME(gemm_block)(const float *a, int64
 #define FA_QT_ROWS 16
 typedef char FA_NAME(qt_keys)[FA_BK == 64 ? 1 : -1];
 
-/* qt_scores_avx512's contract, with passes of sixteen rows (two registers)
- * over four keys at a time. */
+/* qt_scores_avx512's contract (rows r < nrt, a multiple of 8), with passes
+ * of sixteen rows (two registers) over four keys at a time; a last eight
+ * rows alone keep the first register's results (the second repeats it: the
+ * work of a padding block). */
 static FA_ALWAYS_INLINE FA_TARGET int FA_NAME(qt_scores_body)(
     const float *qt, int64_t nrt, int64_t D, const float *k, int64_t rs, float scale,
     const float *mold, float *pt, int64_t ldp, float *mnew, const int bounded, const int32_t *first,
-    const int32_t *last, const int alibi, const float *slope, const float *base, int64_t nc)
+    const int32_t *last, const int alibi, const float *slope, const float *base, int64_t nv)
 {
     const __m256 sv = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY),
                  pinf = _mm256_set1_ps(INFINITY), absmask = _mm256_castsi256_ps(
@@ -119,23 +121,24 @@ static FA_ALWAYS_INLINE FA_TARGET int FA_NAME(qt_scores_body)(
     __m256 bad = _mm256_setzero_ps();
     int64_t p, g, d;
     for (p = 0; p < nrt; p += 16) { /* rows p .. p + 15: two blocks of eight */
-        const float *q0 = qt + p * D, *q1 = q0 + 8 * D;
+        const int two = nrt - p >= 16;
+        const float *q0 = qt + p * D, *q1 = two ? q0 + 8 * D : q0;
         __m256 mx0 = ninf, mx1 = ninf;
         __m256i f0 = _mm256_setzero_si256(), f1 = f0, l0 = f0, l1 = f0;
         __m256 sl0 = _mm256_setzero_ps(), sl1 = sl0, bs0 = sl0, bs1 = sl0;
         if (alibi) {
             sl0 = _mm256_loadu_ps(slope + p);
-            sl1 = _mm256_loadu_ps(slope + p + 8);
+            sl1 = two ? _mm256_loadu_ps(slope + p + 8) : sl0;
             bs0 = _mm256_loadu_ps(base + p);
-            bs1 = _mm256_loadu_ps(base + p + 8);
+            bs1 = two ? _mm256_loadu_ps(base + p + 8) : bs0;
         }
         if (bounded) {
             f0 = _mm256_loadu_si256((const __m256i *)(first + p));
-            f1 = _mm256_loadu_si256((const __m256i *)(first + p + 8));
+            f1 = two ? _mm256_loadu_si256((const __m256i *)(first + p + 8)) : f0;
             l0 = _mm256_loadu_si256((const __m256i *)(last + p));
-            l1 = _mm256_loadu_si256((const __m256i *)(last + p + 8));
+            l1 = two ? _mm256_loadu_si256((const __m256i *)(last + p + 8)) : l0;
         }
-        for (g = 0; g < nc; g += 4) { /* keys g .. g + 3 */
+        for (g = 0; g < nv; g += 4) { /* keys g .. g + 3 */
             const float *kg = k + g * rs;
 #define FA_DECL(j) __m256 a##j = _mm256_setzero_ps(), b##j = _mm256_setzero_ps();
 #define FA_STEP(j)                                                                             \
@@ -161,7 +164,8 @@ static FA_ALWAYS_INLINE FA_TARGET int FA_NAME(qt_scores_body)(
             FA_ALLOW(s1, f1, l1)                                                               \
         }                                                                                      \
         _mm256_storeu_ps(pt + (g + (j)) * ldp + p, s0);                                        \
-        _mm256_storeu_ps(pt + (g + (j)) * ldp + p + 8, s1);                                    \
+        if (two)                                                                               \
+            _mm256_storeu_ps(pt + (g + (j)) * ldp + p + 8, s1);                                \
         mx0 = _mm256_max_ps(s0, mx0);                                                          \
         mx1 = _mm256_max_ps(s1, mx1);                                                          \
     }
@@ -180,11 +184,12 @@ static FA_ALWAYS_INLINE FA_TARGET int FA_NAME(qt_scores_body)(
         }
         /* tile_max's `r > m ? r : m` lane by lane (a NaN m stays: rejected) */
         mx0 = _mm256_max_ps(mx0, _mm256_loadu_ps(mold + p));
-        mx1 = _mm256_max_ps(mx1, _mm256_loadu_ps(mold + p + 8));
+        mx1 = _mm256_max_ps(mx1, _mm256_loadu_ps(mold + (two ? p + 8 : p)));
         bad = _mm256_or_ps(bad, _mm256_or_ps(_mm256_cmp_ps(mx0, pinf, _CMP_NLT_UQ),
                                              _mm256_cmp_ps(mx1, pinf, _CMP_NLT_UQ)));
         _mm256_storeu_ps(mnew + p, mx0);
-        _mm256_storeu_ps(mnew + p + 8, mx1);
+        if (two)
+            _mm256_storeu_ps(mnew + p + 8, mx1);
     }
     return !_mm256_movemask_ps(bad);
 }
@@ -195,23 +200,24 @@ static FA_ALWAYS_INLINE FA_TARGET int FA_NAME(qt_scores_body)(
 static FA_ALWAYS_INLINE FA_TARGET int FA_NAME(qt_scores)(
     const float *qt, int64_t nrt, int64_t D, const float *k, int64_t rs, float scale,
     const float *mold, float *pt, int64_t ldp, float *mnew, const int32_t *first,
-    const int32_t *last, const float *slope, const float *base, int64_t nc)
+    const int32_t *last, const float *slope, const float *base, int64_t nv)
 {
 #define FA_QT_CALL(bd, al)                                                                     \
     FA_NAME(qt_scores_body)(qt, nrt, D, k, rs, scale, mold, pt, ldp, mnew, bd, first, last, al, \
-                            slope, base, nc)
+                            slope, base, nv)
     if (slope)
         return first ? FA_QT_CALL(1, 1) : FA_QT_CALL(0, 1);
     return first ? FA_QT_CALL(1, 0) : FA_QT_CALL(0, 0);
 #undef FA_QT_CALL
 }
 
-/* The weights of keys c + 8 i (i = 0 .. n - 1) for eight rows (from p, maxima
+/* The weights of the keys c + 8 i below nv for eight rows (from p, maxima
  * mv) in place, and their sum from +0 in that order: lane c of tile_exp's
  * register of sums. */
 static FA_ALWAYS_INLINE FA_TARGET __m256 FA_NAME(qt_part)(float *p, int64_t ldp, int c, __m256 mv,
-                                                          int n)
+                                                          int nv)
 {
+    const int n = c < nv ? (nv - c + 7) / 8 : 0;
     const __m256 log2e = _mm256_set1_ps(FA_LOG2E), ninf = _mm256_set1_ps(-INFINITY),
                  lo = _mm256_set1_ps(FA_EXP2_NORMAL_LO);
     __m256 sum = _mm256_setzero_ps();
@@ -226,24 +232,24 @@ static FA_ALWAYS_INLINE FA_TARGET __m256 FA_NAME(qt_part)(float *p, int64_t ldp,
 }
 
 /* qt_exp_avx512's contract, eight rows a register: each row's sum hsum_avx2's
- * order over the partial sums of keys c, c + 8, ... below nc. */
+ * order over the partial sums of keys c, c + 8, ... below nv. */
 static FA_ALWAYS_INLINE FA_TARGET int FA_NAME(qt_exp_body)(float *pt, int64_t ldp,
                                                            int64_t nrt, const float *mnew,
-                                                           float *sum, const int n)
+                                                           float *sum, const int nv)
 {
     __m256 bad = _mm256_setzero_ps();
     int64_t r;
     for (r = 0; r < nrt; r += 8) {
         const __m256 mv = _mm256_loadu_ps(mnew + r);
         float *p = pt + r;
-        const __m256 t0 = _mm256_add_ps(FA_NAME(qt_part)(p, ldp, 0, mv, n),
-                                        FA_NAME(qt_part)(p, ldp, 4, mv, n));
-        const __m256 t2 = _mm256_add_ps(FA_NAME(qt_part)(p, ldp, 2, mv, n),
-                                        FA_NAME(qt_part)(p, ldp, 6, mv, n));
-        const __m256 t1 = _mm256_add_ps(FA_NAME(qt_part)(p, ldp, 1, mv, n),
-                                        FA_NAME(qt_part)(p, ldp, 5, mv, n));
-        const __m256 t3 = _mm256_add_ps(FA_NAME(qt_part)(p, ldp, 3, mv, n),
-                                        FA_NAME(qt_part)(p, ldp, 7, mv, n));
+        const __m256 t0 = _mm256_add_ps(FA_NAME(qt_part)(p, ldp, 0, mv, nv),
+                                        FA_NAME(qt_part)(p, ldp, 4, mv, nv));
+        const __m256 t2 = _mm256_add_ps(FA_NAME(qt_part)(p, ldp, 2, mv, nv),
+                                        FA_NAME(qt_part)(p, ldp, 6, mv, nv));
+        const __m256 t1 = _mm256_add_ps(FA_NAME(qt_part)(p, ldp, 1, mv, nv),
+                                        FA_NAME(qt_part)(p, ldp, 5, mv, nv));
+        const __m256 t3 = _mm256_add_ps(FA_NAME(qt_part)(p, ldp, 3, mv, nv),
+                                        FA_NAME(qt_part)(p, ldp, 7, mv, nv));
         const __m256 t = _mm256_add_ps(_mm256_add_ps(t0, t2), _mm256_add_ps(t1, t3));
         bad = _mm256_or_ps(bad, _mm256_cmp_ps(t, t, _CMP_UNORD_Q));
         _mm256_storeu_ps(sum + r, t);
@@ -252,11 +258,11 @@ static FA_ALWAYS_INLINE FA_TARGET int FA_NAME(qt_exp_body)(float *pt, int64_t ld
 }
 
 static FA_TARGET int FA_NAME(qt_exp)(float *pt, int64_t ldp, int64_t nrt, const float *mnew,
-                                     float *sum, int64_t nc)
+                                     float *sum, int64_t nv)
 {
-    if (nc == FA_BK) /* (a whole tile: a constant count, unrolled) */
-        return FA_NAME(qt_exp_body)(pt, ldp, nrt, mnew, sum, FA_BK / 8);
-    return FA_NAME(qt_exp_body)(pt, ldp, nrt, mnew, sum, (int)(nc / 8));
+    if (nv == FA_BK) /* (a whole tile: a constant count, unrolled) */
+        return FA_NAME(qt_exp_body)(pt, ldp, nrt, mnew, sum, FA_BK);
+    return FA_NAME(qt_exp_body)(pt, ldp, nrt, mnew, sum, (int)nv);
 }
 
 /*

@@ -145,14 +145,14 @@ static FA_ALWAYS_INLINE FA_TARGET void gemm_block2_avx512(const float *a, int64_
 #define FA_QT_ROWS 32
 typedef char fa_avx512_qt_keys[FA_BK == 64 ? 1 : -1];
 
-/* Rows p .. p + 16 nb - 1 (nb = 2 or 3 sixteen-row blocks of qt: 16 or 24
- * accumulators over eight keys) of qt_scores_body_avx512; the bits of each
+/* Rows p .. p + 16 nb - 1 (nb = 1, 2 or 3 sixteen-row blocks of qt: 8, 16 or
+ * 24 accumulators over eight keys) of qt_scores_body_avx512; the bits of each
  * score do not depend on nb. Returns the lanes whose new maximum is NaN or
  * +inf. */
 static FA_ALWAYS_INLINE FA_TARGET __mmask16 qt_rows_avx512(
     const float *qt, int64_t p, const int nb, int64_t D, const float *k, int64_t rs, float scale,
     const float *mold, float *pt, int64_t ldp, float *mnew, const int bounded, const int32_t *first,
-    const int32_t *last, const int alibi, const float *slope, const float *base, int64_t nc)
+    const int32_t *last, const int alibi, const float *slope, const float *base, int64_t nv)
 {
     const __m512 sv = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY),
                  pinf = _mm512_set1_ps(INFINITY);
@@ -165,9 +165,11 @@ static FA_ALWAYS_INLINE FA_TARGET __mmask16 qt_rows_avx512(
     int64_t g, d;
     if (alibi) {
         sl0 = _mm512_loadu_ps(slope + p);
-        sl1 = _mm512_loadu_ps(slope + p + 16);
         bs0 = _mm512_loadu_ps(base + p);
-        bs1 = _mm512_loadu_ps(base + p + 16);
+        if (nb > 1) {
+            sl1 = _mm512_loadu_ps(slope + p + 16);
+            bs1 = _mm512_loadu_ps(base + p + 16);
+        }
         if (nb > 2) {
             sl2 = _mm512_loadu_ps(slope + p + 32);
             bs2 = _mm512_loadu_ps(base + p + 32);
@@ -175,22 +177,25 @@ static FA_ALWAYS_INLINE FA_TARGET __mmask16 qt_rows_avx512(
     }
     if (bounded) { /* key kk allowed: kk - first < last - first, unsigned */
         f0 = _mm512_loadu_si512(first + p);
-        f1 = _mm512_loadu_si512(first + p + 16);
         w0 = _mm512_max_epi32(_mm512_sub_epi32(_mm512_loadu_si512(last + p), f0), w0);
-        w1 = _mm512_max_epi32(_mm512_sub_epi32(_mm512_loadu_si512(last + p + 16), f1), w1);
+        if (nb > 1) {
+            f1 = _mm512_loadu_si512(first + p + 16);
+            w1 = _mm512_max_epi32(_mm512_sub_epi32(_mm512_loadu_si512(last + p + 16), f1), w1);
+        }
         if (nb > 2) {
             f2 = _mm512_loadu_si512(first + p + 32);
             w2 = _mm512_max_epi32(_mm512_sub_epi32(_mm512_loadu_si512(last + p + 32), f2), w2);
         }
     }
-    for (g = 0; g < nc; g += 8) { /* keys g .. g + 7 */
+    for (g = 0; g < nv; g += 8) { /* keys g .. g + 7 */
         const float *kg = k + g * rs;
 #define FA_DECL(j) __m512 a##j = _mm512_setzero_ps(), b##j = a##j, c##j = a##j;
 #define FA_STEP(j)                                                                             \
     {                                                                                          \
         const __m512 kv = _mm512_set1_ps(kg[(j) * rs + d]);                                    \
         a##j = _mm512_fmadd_ps(x0, kv, a##j);                                                  \
-        b##j = _mm512_fmadd_ps(x1, kv, b##j);                                                  \
+        if (nb > 1)                                                                            \
+            b##j = _mm512_fmadd_ps(x1, kv, b##j);                                              \
         if (nb > 2)                                                                            \
             c##j = _mm512_fmadd_ps(x2, kv, c##j);                                              \
     }
@@ -208,13 +213,16 @@ static FA_ALWAYS_INLINE FA_TARGET __mmask16 qt_rows_avx512(
     }
 #define FA_STORE(j)                                                                            \
     {                                                                                          \
-        __m512 s0 = _mm512_mul_ps(a##j, sv), s1 = _mm512_mul_ps(b##j, sv);                     \
+        __m512 s0 = _mm512_mul_ps(a##j, sv);                                                   \
         FA_FIX(j, s0, sl0, bs0, f0, w0)                                                           \
-        FA_FIX(j, s1, sl1, bs1, f1, w1)                                                           \
         _mm512_storeu_ps(pt + (g + (j)) * ldp + p, s0);                                        \
-        _mm512_storeu_ps(pt + (g + (j)) * ldp + p + 16, s1);                                   \
         mx0 = _mm512_max_ps(s0, mx0);                                                          \
-        mx1 = _mm512_max_ps(s1, mx1);                                                          \
+        if (nb > 1) {                                                                          \
+            __m512 s1 = _mm512_mul_ps(b##j, sv);                                               \
+            FA_FIX(j, s1, sl1, bs1, f1, w1)                                                       \
+            _mm512_storeu_ps(pt + (g + (j)) * ldp + p + 16, s1);                               \
+            mx1 = _mm512_max_ps(s1, mx1);                                                      \
+        }                                                                                      \
         if (nb > 2) {                                                                          \
             __m512 s2 = _mm512_mul_ps(c##j, sv);                                               \
             FA_FIX(j, s2, sl2, bs2, f2, w2)                                                       \
@@ -225,7 +233,8 @@ static FA_ALWAYS_INLINE FA_TARGET __mmask16 qt_rows_avx512(
 #define FA_KEYS8(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
         FA_KEYS8(FA_DECL)
         for (d = 0; d < D; d++) {
-            const __m512 x0 = _mm512_loadu_ps(q0 + 16 * d), x1 = _mm512_loadu_ps(q1 + 16 * d);
+            const __m512 x0 = _mm512_loadu_ps(q0 + 16 * d);
+            const __m512 x1 = nb > 1 ? _mm512_loadu_ps(q1 + 16 * d) : x0;
             const __m512 x2 = nb > 2 ? _mm512_loadu_ps(q2 + 16 * d) : x1;
             FA_KEYS8(FA_STEP)
         }
@@ -238,10 +247,13 @@ static FA_ALWAYS_INLINE FA_TARGET __mmask16 qt_rows_avx512(
     }
     /* tile_max's `r > m ? r : m` lane by lane (a NaN m stays: rejected) */
     mx0 = _mm512_max_ps(mx0, _mm512_loadu_ps(mold + p));
-    mx1 = _mm512_max_ps(mx1, _mm512_loadu_ps(mold + p + 16));
-    bad = _mm512_cmp_ps_mask(mx0, pinf, _CMP_NLT_UQ) | _mm512_cmp_ps_mask(mx1, pinf, _CMP_NLT_UQ);
+    bad = _mm512_cmp_ps_mask(mx0, pinf, _CMP_NLT_UQ);
     _mm512_storeu_ps(mnew + p, mx0);
-    _mm512_storeu_ps(mnew + p + 16, mx1);
+    if (nb > 1) {
+        mx1 = _mm512_max_ps(mx1, _mm512_loadu_ps(mold + p + 16));
+        bad |= _mm512_cmp_ps_mask(mx1, pinf, _CMP_NLT_UQ);
+        _mm512_storeu_ps(mnew + p + 16, mx1);
+    }
     if (nb > 2) {
         mx2 = _mm512_max_ps(mx2, _mm512_loadu_ps(mold + p + 32));
         bad |= _mm512_cmp_ps_mask(mx2, pinf, _CMP_NLT_UQ);
@@ -250,29 +262,38 @@ static FA_ALWAYS_INLINE FA_TARGET __mmask16 qt_rows_avx512(
     return bad;
 }
 
-/* pt[j * ldp + r] = scale (q_r . k_j) for the tile's first nc keys (a
- * multiple of 16; k: row j at k + j rs) and the rows r < nrt (a multiple of
- * 32), -inf for a key outside the row's [first[r], last[r]) where bounded
- * (first, last: int32 offsets within the tile); with ALiBi, minus slope[r]
- * |base[r] - j| (scale_pass's operations: the product rounded, then the
- * difference); mnew[r] = the larger of the row's largest score and mold[r].
- * 0 if an mnew is NaN or +inf (a NaN or infinite score or running maximum:
- * the tile is then redone on the general path); NaN scores that the maximum
- * leaves out show in the sums (qt_exp). Rows go 48 at a time where the rest
- * divides by 48, else 32 (96 = 48 + 48, 64 = 32 + 32). */
+/* pt[j * ldp + r] = scale (q_r . k_j) for the tile's keys j < nv rounded up
+ * to a multiple of 8 (k: row j at k + j rs; pt's columns past them are
+ * left as they are) and the rows r < nrt (a multiple of 16), -inf for a key
+ * outside the row's [first[r], last[r]) where bounded (first, last: int32
+ * offsets within the tile); with ALiBi, minus slope[r] |base[r] - j|
+ * (scale_pass's operations: the product rounded, then the difference);
+ * mnew[r] = the larger of the row's largest score and mold[r]. 0 if an mnew
+ * is NaN or +inf (a NaN or infinite score or running maximum: the tile is
+ * then redone on the general path); NaN scores that the maximum leaves out
+ * show in the sums (qt_exp). Rows go 48 at a time where the rest divides by
+ * 48, else 32, and a last 16 alone (96 = 48 + 48, 64 = 32 + 32, 80 = 32 +
+ * 48, 112 = 32 + 32 + 48, 16): a unit's rows rounded up to 16 rather than 32
+ * leave out a pass of padding rows (L = 257 in units of 96: 80 rows for
+ * the last 65 rather than 96). */
 static FA_ALWAYS_INLINE FA_TARGET int qt_scores_body_avx512(
     const float *qt, int64_t nrt, int64_t D, const float *k, int64_t rs, float scale,
     const float *mold, float *pt, int64_t ldp, float *mnew, const int bounded, const int32_t *first,
-    const int32_t *last, const int alibi, const float *slope, const float *base, int64_t nc)
+    const int32_t *last, const int alibi, const float *slope, const float *base, int64_t nv)
 {
     __mmask16 bad = 0;
     int64_t p = 0;
     while (p < nrt) {
-        const int nb = (nrt - p) % 48 == 0 ? 3 : 2;
-        bad |= nb == 3 ? qt_rows_avx512(qt, p, 3, D, k, rs, scale, mold, pt, ldp, mnew, bounded,
-                                        first, last, alibi, slope, base, nc)
-                       : qt_rows_avx512(qt, p, 2, D, k, rs, scale, mold, pt, ldp, mnew, bounded,
-                                        first, last, alibi, slope, base, nc);
+        const int nb = (nrt - p) % 48 == 0 ? 3 : nrt - p >= 32 ? 2 : 1;
+        if (nb == 3)
+            bad |= qt_rows_avx512(qt, p, 3, D, k, rs, scale, mold, pt, ldp, mnew, bounded, first,
+                                  last, alibi, slope, base, nv);
+        else if (nb == 2)
+            bad |= qt_rows_avx512(qt, p, 2, D, k, rs, scale, mold, pt, ldp, mnew, bounded, first,
+                                  last, alibi, slope, base, nv);
+        else
+            bad |= qt_rows_avx512(qt, p, 1, D, k, rs, scale, mold, pt, ldp, mnew, bounded, first,
+                                  last, alibi, slope, base, nv);
         p += 16 * nb;
     }
     return !bad;
@@ -281,25 +302,26 @@ static FA_ALWAYS_INLINE FA_TARGET int qt_scores_body_avx512(
 static FA_ALWAYS_INLINE FA_TARGET int qt_scores_avx512(
     const float *qt, int64_t nrt, int64_t D, const float *k, int64_t rs, float scale,
     const float *mold, float *pt, int64_t ldp, float *mnew, const int32_t *first,
-    const int32_t *last, const float *slope, const float *base, int64_t nc)
+    const int32_t *last, const float *slope, const float *base, int64_t nv)
 {
 #define FA_QT_CALL(bd, al)                                                                     \
     qt_scores_body_avx512(qt, nrt, D, k, rs, scale, mold, pt, ldp, mnew, bd, first, last, al,     \
-                          slope, base, nc)
+                          slope, base, nv)
     if (slope)
         return first ? FA_QT_CALL(1, 1) : FA_QT_CALL(0, 1);
     return first ? FA_QT_CALL(1, 0) : FA_QT_CALL(0, 0);
 #undef FA_QT_CALL
 }
 
-/* The weights of key c + 16 i (i = 0 .. n - 1) for sixteen rows (pt as
+/* The weights of the keys c + 16 i below nv for sixteen rows (pt as
  * qt_scores left it, rows r .. r + 15 from p, maxima mv) in place, and their
  * sum from +0 in that order: lane c of tile_exp's register of sums. */
 static FA_ALWAYS_INLINE FA_TARGET __m512 qt_part_avx512(float *p, int64_t ldp, int c, __m512 mv,
-                                                        int n)
+                                                        int nv)
 {
     const __m512 log2e = _mm512_set1_ps(FA_LOG2E), ninf = _mm512_set1_ps(-INFINITY),
                  lo = _mm512_set1_ps(FA_EXP2_NORMAL_LO);
+    const int n = c < nv ? (nv - c + 15) / 16 : 0;
     __m512 sum = _mm512_setzero_ps();
     int i;
     for (i = 0; i < n; i++) {
@@ -311,13 +333,16 @@ static FA_ALWAYS_INLINE FA_TARGET __m512 qt_part_avx512(float *p, int64_t ldp, i
     return sum;
 }
 
-/* pt's scores -> exp(s - mnew) in place for the rows r < nrt, and each row's
- * sum of them (float32, tile_exp's order: vf_hsum of vec_avx512.h over the
- * sixteen partial sums of keys c, c + 16, ... below nc). 0 if a sum is
- * NaN (a NaN score). */
+/* pt's scores -> exp(s - mnew) in place for the rows r < nrt and the keys
+ * below nv, and each row's sum of them (float32, tile_exp's order: vf_hsum
+ * of vec_avx512.h over the sixteen partial sums of keys c, c + 16, ... below
+ * nv). The tile's keys from nv on (a short tile's columns past its keys)
+ * are outside every row's bounds: their weights, exact zeros, are left out
+ * of the sums from +0, which are then the same sums, and out of pt, where
+ * P.V does not read them. 0 if a sum is NaN (a NaN score). */
 static FA_ALWAYS_INLINE FA_TARGET int qt_exp_body_avx512(float *pt, int64_t ldp,
                                                          int64_t nrt, const float *mnew, float *sum,
-                                                         const int n)
+                                                         const int nv)
 {
     __mmask16 bad = 0;
     int64_t r;
@@ -326,10 +351,10 @@ static FA_ALWAYS_INLINE FA_TARGET int qt_exp_body_avx512(float *pt, int64_t ldp,
         const __m512 mv = _mm512_loadu_ps(mnew + r);
         __m512 t6[4], t;
         for (i = 0; i < 4; i++) /* vf_hsum's first two levels, lane by lane */
-            t6[i] = _mm512_add_ps(_mm512_add_ps(qt_part_avx512(pt + r, ldp, i + 12, mv, n),
-                                                qt_part_avx512(pt + r, ldp, i + 4, mv, n)),
-                                  _mm512_add_ps(qt_part_avx512(pt + r, ldp, i + 8, mv, n),
-                                                qt_part_avx512(pt + r, ldp, i, mv, n)));
+            t6[i] = _mm512_add_ps(_mm512_add_ps(qt_part_avx512(pt + r, ldp, i + 12, mv, nv),
+                                                qt_part_avx512(pt + r, ldp, i + 4, mv, nv)),
+                                  _mm512_add_ps(qt_part_avx512(pt + r, ldp, i + 8, mv, nv),
+                                                qt_part_avx512(pt + r, ldp, i, mv, nv)));
         t = _mm512_add_ps(_mm512_add_ps(t6[0], t6[2]), _mm512_add_ps(t6[1], t6[3]));
         bad |= _mm512_cmp_ps_mask(t, t, _CMP_UNORD_Q);
         _mm512_storeu_ps(sum + r, t);
@@ -338,11 +363,11 @@ static FA_ALWAYS_INLINE FA_TARGET int qt_exp_body_avx512(float *pt, int64_t ldp,
 }
 
 static FA_TARGET int qt_exp_avx512(float *pt, int64_t ldp, int64_t nrt, const float *mnew,
-                                   float *sum, int64_t nc)
+                                   float *sum, int64_t nv)
 {
-    if (nc == FA_BK) /* (a whole tile: a constant count, unrolled) */
-        return qt_exp_body_avx512(pt, ldp, nrt, mnew, sum, FA_BK / 16);
-    return qt_exp_body_avx512(pt, ldp, nrt, mnew, sum, (int)(nc / 16));
+    if (nv == FA_BK) /* (a whole tile: a constant count, unrolled) */
+        return qt_exp_body_avx512(pt, ldp, nrt, mnew, sum, FA_BK);
+    return qt_exp_body_avx512(pt, ldp, nrt, mnew, sum, (int)nv);
 }
 
 /* Sixteen half-precision elements (the bits in h) of dtype dt as float32:
