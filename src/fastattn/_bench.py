@@ -39,14 +39,16 @@ from fastattn import _core, reference
 SEED = 20261129
 
 
-def best_time(fn, repeat, min_time=0.0):
-    """Best wall time of `repeat` runs of fn(), after one warm-up run; with
-    min_time, more runs (up to 1000) until they add up to min_time seconds.
+def best_time(fn, repeat, min_time=0.0, warm_up=True):
+    """Best wall time of `repeat` runs of fn(), after one warm-up run (unless
+    not warm_up); with min_time, more runs (up to 1000) until they add up to
+    min_time seconds.
     A call of some microseconds right after another library's (whose threads
     spin on the cores for a while after its own work) reads up to 1.5x its
     time in a loop: more runs let every implementation show its time in a
     loop of calls, as a model's layers make them."""
-    fn()  # warm up: page in the output, start the threads
+    if warm_up:
+        fn()  # page in the output, start the threads
     best, total, n = np.inf, 0.0, 0
     while n < max(1, repeat) or (total < min_time and n < 1000):
         t0 = time.perf_counter()
@@ -487,21 +489,20 @@ def check_peer(impl, result, want, problem, rtol=1e-4, atol=1e-4):
                            f"(max |difference| {np.abs(got - want).max():.3g})")
 
 
-def time_problem(problem, impls=IMPLEMENTATIONS, threads=2, repeat=3):
+def time_problem(problem, impls=IMPLEMENTATIONS, threads=2, repeat=3, min_time=0.05):
     """Seconds of each implementation on `problem`: a dict impl -> seconds or
     None (not installed, or no equivalent). The reference runs once. Each
-    peer's result is checked against fastattn's first (check_peer)."""
+    peer's result is checked against fastattn's first (check_peer). The
+    others are timed in `repeat` rounds, each implementation in turn within a
+    round (after one warm-up call each): a round gives each its best call of
+    a run of at least one call and min_time seconds, and the result is each
+    one's best over the rounds. A phase of the host's (another
+    virtual machine taking a core for a while) then falls on one round of
+    every implementation rather than on all the calls of one."""
     times: Dict[str, Optional[float]] = {}
+    timed = []  # (impl, fn, factor): the implementations timed in rounds
     want = None
     for impl in impls:
-        if impl == "fastattn":
-            # The peers' worker threads spin for a while after their calls
-            # (ONNX Runtime's and JAX's, some milliseconds): a fastattn
-            # thread kept waiting by them counts the machine as loaded, and
-            # fastattn's next calls keep to one thread for half a second.
-            # That load is this command's own: let it settle, then forget it.
-            time.sleep(0.1)
-            _core.set_machine_busy(0)
         if impl in PEERS and want is None:
             q, k, v, mask = problem.inputs()
             want = fastattn.scaled_dot_product_attention(
@@ -513,22 +514,58 @@ def time_problem(problem, impls=IMPLEMENTATIONS, threads=2, repeat=3):
                 times[impl] = None
                 continue
             fn, factor = r
-            # (JAX's pool follows the machine's cores: its threads pinned to `threads`)
-            with PinnedThreads(threads) if impl == "jax" else contextlib.nullcontext() as pin:
+            with _pinned_for(impl, threads) as pin:
                 if pin is not None:
                     pin.check()
                 if impl in PEERS:
                     check_peer(impl, fn(), want, problem)
-                times[impl] = (best_time(fn, 1) if impl == "reference"
-                               else best_time(fn, repeat, min_time=0.05)) * factor
+                if impl == "reference":
+                    times[impl] = best_time(fn, 1) * factor
+                    continue
+                fn()  # warm up: page in the output, start the threads
+            timed.append((impl, fn, factor))
+            times[impl] = np.inf
         except Exception as exc:  # a peer that fails, disagrees or cannot set its threads
             if impl not in PEERS:
                 raise
-            first = str(exc).strip().splitlines()
-            print(f"  {impl} not timed on {problem.label()}: {type(exc).__name__}: "
-                  f"{first[-1] if first else ''}", file=sys.stderr, flush=True)
+            _not_timed(impl, problem, exc)
             times[impl] = None
+    for _ in range(max(1, repeat)):
+        for impl, fn, factor in timed:
+            if times[impl] is None:  # (failed in an earlier round)
+                continue
+            # Each library's worker threads spin for a while after its calls
+            # (ONNX Runtime's and JAX's some milliseconds): the next one's
+            # threads would share the cores with them (OpenVINO's calls took
+            # twice their time right after ONNX Runtime's). Let them settle;
+            # and a fastattn thread kept waiting by them counts the machine as
+            # loaded, keeping fastattn's next calls to one thread for a while:
+            # that load is this command's own, so it is forgotten.
+            time.sleep(0.1)
+            if impl == "fastattn":
+                _core.set_machine_busy(0)
+            try:
+                with _pinned_for(impl, threads):
+                    t = best_time(fn, 1, min_time=min_time, warm_up=False)
+                times[impl] = min(times[impl], t * factor)
+            except Exception as exc:
+                if impl not in PEERS:
+                    raise
+                _not_timed(impl, problem, exc)
+                times[impl] = None
     return times
+
+
+def _pinned_for(impl, threads):
+    """PinnedThreads(threads) for JAX, whose pool follows the machine's
+    cores; else a context that does nothing (and gives None)."""
+    return PinnedThreads(threads) if impl == "jax" else contextlib.nullcontext()
+
+
+def _not_timed(impl, problem, exc):
+    first = str(exc).strip().splitlines()
+    print(f"  {impl} not timed on {problem.label()}: {type(exc).__name__}: "
+          f"{first[-1] if first else ''}", file=sys.stderr, flush=True)
 
 
 def vs_faster_peer(times):
