@@ -103,6 +103,41 @@ def test_the_bench_times_no_peer_that_disagrees_or_fails(monkeypatch, capsys):
     assert "openvino not timed on (1, 2, 3, 5, 8): RuntimeError: openvino runs 1" in err
 
 
+def test_the_bench_times_the_implementations_in_rounds(monkeypatch):
+    # Each implementation is warmed up once, then timed once a round, in turn
+    # within the round (a slow phase of the host falls on one round of each,
+    # not on all of one library's calls); each keeps its best over the rounds.
+    from fastattn import _bench
+
+    prob = Problem(1, 2, 2, 3, 5, 8)
+    q, k, v, _ = prob.inputs()
+    calls = []  # every call of an implementation, in order
+    turns = []  # the timed turns: (implementation, no warm-up call)
+    # each round's time of each (torch's first round slow, fastattn's last)
+    scripted = {"fastattn": [0.02, 0.03, 0.05], "torch": [0.09, 0.04, 0.06]}
+
+    def runner(self, impl, threads, seed=0):
+        def fn():
+            calls.append(impl)
+            return fastattn.scaled_dot_product_attention(q, k, v)
+        return fn, 1.0
+
+    def best_time(fn, repeat, min_time=0.0, warm_up=True):
+        fn()
+        impl = calls[-1]
+        turns.append((impl, not warm_up))
+        return scripted[impl][sum(1 for t in turns if t[0] == impl) - 1]
+
+    monkeypatch.setattr(Problem, "runner", runner)
+    monkeypatch.setattr(_bench, "best_time", best_time)
+    monkeypatch.setattr(_bench.time, "sleep", lambda s: None)  # (the settling pauses)
+    times = time_problem(prob, impls=("fastattn", "torch"), threads=1, repeat=3)
+    # fastattn's warm-up; torch's call checked against fastattn's result, its warm-up
+    assert calls[:3] == ["fastattn", "torch", "torch"]
+    assert turns == [("fastattn", True), ("torch", True)] * 3
+    assert times == {"fastattn": 0.02, "torch": 0.04}
+
+
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
                     reason="needs a process that may run on 2 cores or more")
 def test_pinned_threads_pin_every_thread_and_give_the_cores_back():

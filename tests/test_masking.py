@@ -391,6 +391,29 @@ def test_key_padding_mask_bits_equal_the_same_mask_row_by_row(rng, S, hole, kind
     assert_close(o, want)
 
 
+@pytest.mark.parametrize("L,S", [(257, 257), (65, 1), (17, 130), (40, 77), (97, 49)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_rows_and_keys_past_whole_blocks_keep_the_general_paths_bits(simd, rng, L, S, causal):
+    # A unit's rows past a multiple of 32 (65 of ViT-L/14's 257 in its last
+    # unit of 96) and a last key tile of a few keys: the whole-tile kernels
+    # compute the rows up to the next register of lanes and the keys up to
+    # the rows' last one (plus a key-padding mask's end), no more. The same
+    # call with an all-True mask row by row takes the general path, whose
+    # bits it must have; and close to the float64 reference.
+    B, H, D = 2, 3, 40
+    q, k, v = qkv(rng, (B, H, L, D), (B, H, S, D), (B, H, S, D))
+    pad = (np.arange(S) < np.array([S, max(1, S - S // 3 - 1)])[:, None])[:, None, None, :]
+    for mask in (None, pad):
+        rows = np.broadcast_to(True if mask is None else mask, (B, H, L, S)).copy()
+        o, lse = sdpa(q, k, v, mask, is_causal=causal, return_lse=True)
+        o_rows, lse_rows = sdpa(q, k, v, rows, is_causal=causal, return_lse=True)
+        assert_same_bits(o, o_rows)
+        assert_same_bits(lse, lse_rows)
+        assert_close(o, reference.scaled_dot_product_attention(
+            q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), mask,
+            is_causal=causal))
+
+
 FMIN = float(np.finfo(np.float32).min)
 
 
