@@ -211,25 +211,15 @@ static FA_ALWAYS_INLINE FA_TARGET __mmask16 qt_rows_avx512(
             s = _mm512_mask_mov_ps(ninf, _mm512_cmplt_epu32_mask(_mm512_sub_epi32(kk, f), w), s); \
         }                                                                                      \
     }
-#define FA_STORE(j)                                                                            \
-    {                                                                                          \
-        __m512 s0 = _mm512_mul_ps(a##j, sv);                                                   \
-        FA_FIX(j, s0, sl0, bs0, f0, w0)                                                           \
-        _mm512_storeu_ps(pt + (g + (j)) * ldp + p, s0);                                        \
-        mx0 = _mm512_max_ps(s0, mx0);                                                          \
-        if (nb > 1) {                                                                          \
-            __m512 s1 = _mm512_mul_ps(b##j, sv);                                               \
-            FA_FIX(j, s1, sl1, bs1, f1, w1)                                                       \
-            _mm512_storeu_ps(pt + (g + (j)) * ldp + p + 16, s1);                               \
-            mx1 = _mm512_max_ps(s1, mx1);                                                      \
-        }                                                                                      \
-        if (nb > 2) {                                                                          \
-            __m512 s2 = _mm512_mul_ps(c##j, sv);                                               \
-            FA_FIX(j, s2, sl2, bs2, f2, w2)                                                       \
-            _mm512_storeu_ps(pt + (g + (j)) * ldp + p + 32, s2);                               \
-            mx2 = _mm512_max_ps(s2, mx2);                                                      \
-        }                                                                                      \
+/* register i's scores of key j (accumulator acc): scaled, fixed, stored, into mx##i */
+#define FA_OUT(j, i, acc)                                                                      \
+    if (nb > (i)) {                                                                            \
+        __m512 s = _mm512_mul_ps(acc, sv);                                                     \
+        FA_FIX(j, s, sl##i, bs##i, f##i, w##i)                                                    \
+        _mm512_storeu_ps(pt + (g + (j)) * ldp + p + 16 * (i), s);                              \
+        mx##i = _mm512_max_ps(s, mx##i);                                                       \
     }
+#define FA_STORE(j) { FA_OUT(j, 0, a##j) FA_OUT(j, 1, b##j) FA_OUT(j, 2, c##j) }
 #define FA_KEYS8(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
         FA_KEYS8(FA_DECL)
         for (d = 0; d < D; d++) {
@@ -242,6 +232,7 @@ static FA_ALWAYS_INLINE FA_TARGET __mmask16 qt_rows_avx512(
 #undef FA_DECL
 #undef FA_STEP
 #undef FA_FIX
+#undef FA_OUT
 #undef FA_STORE
 #undef FA_KEYS8
     }

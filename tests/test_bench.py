@@ -103,17 +103,17 @@ def test_the_bench_times_no_peer_that_disagrees_or_fails(monkeypatch, capsys):
     assert "openvino not timed on (1, 2, 3, 5, 8): RuntimeError: openvino runs 1" in err
 
 
-def test_the_bench_times_the_implementations_in_rounds(monkeypatch):
-    # Each implementation is warmed up once, then timed once a round, in turn
-    # within the round (a slow phase of the host falls on one round of each,
-    # not on all of one library's calls); each keeps its best over the rounds.
+def test_the_bench_times_the_implementations_in_sweeps(monkeypatch):
+    # Each implementation is warmed up once, then timed once a sweep, in turn
+    # within the sweep (a slow phase of the host falls on one sweep of each,
+    # not on all of one library's calls); each keeps its best over the sweeps.
     from fastattn import _bench
 
     prob = Problem(1, 2, 2, 3, 5, 8)
     q, k, v, _ = prob.inputs()
     calls = []  # every call of an implementation, in order
     turns = []  # the timed turns: (implementation, no warm-up call)
-    # each round's time of each (torch's first round slow, fastattn's last)
+    # each sweep's time of each (torch's first sweep slow, fastattn's last)
     scripted = {"fastattn": [0.02, 0.03, 0.05], "torch": [0.09, 0.04, 0.06]}
 
     def runner(self, impl, threads, seed=0):

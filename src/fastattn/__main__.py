@@ -294,8 +294,8 @@ def main(argv=None):
     b.add_argument("--threads", type=_count(1, MAX_THREADS), default=None,
                    help="fastattn (and torch) threads (default: OpenMP's)")
     b.add_argument("--repeat", type=_count(1), default=3,
-                   help="timed rounds, the implementations compared run in turn (the "
-                        "best kept); --options: rounds of the calls compared (at least 7; "
+                   help="timed sweeps, the implementations compared run in turn (the "
+                        "best kept); --options: sweeps of the calls compared (at least 7; "
                         "medians kept)")
     b.add_argument("--reference", action="store_true",
                    help="also time the NumPy reference (O(L*S) memory: not timed where its float64 "

@@ -493,14 +493,14 @@ def time_problem(problem, impls=IMPLEMENTATIONS, threads=2, repeat=3, min_time=0
     """Seconds of each implementation on `problem`: a dict impl -> seconds or
     None (not installed, or no equivalent). The reference runs once. Each
     peer's result is checked against fastattn's first (check_peer). The
-    others are timed in `repeat` rounds, each implementation in turn within a
-    round (after one warm-up call each): a round gives each its best call of
+    others are timed in `repeat` sweeps, each implementation in turn within a
+    sweep (after one warm-up call each): a turn gives each its best call of
     a run of at least one call and min_time seconds, and the result is each
-    one's best over the rounds. A phase of the host's (another
-    virtual machine taking a core for a while) then falls on one round of
+    one's best over the sweeps. A phase of the host's (another
+    virtual machine taking a core for a while) then falls on one sweep of
     every implementation rather than on all the calls of one."""
     times: Dict[str, Optional[float]] = {}
-    timed = []  # (impl, fn, factor): the implementations timed in rounds
+    timed = []  # (impl, fn, factor): the implementations timed in sweeps
     want = None
     for impl in impls:
         if impl in PEERS and want is None:
@@ -532,7 +532,7 @@ def time_problem(problem, impls=IMPLEMENTATIONS, threads=2, repeat=3, min_time=0
             times[impl] = None
     for _ in range(max(1, repeat)):
         for impl, fn, factor in timed:
-            if times[impl] is None:  # (failed in an earlier round)
+            if times[impl] is None:  # (failed in an earlier sweep)
                 continue
             # Each library's worker threads spin for a while after its calls
             # (ONNX Runtime's and JAX's some milliseconds): the next one's
